@@ -1,0 +1,91 @@
+"""The ``branchpoint`` command line: one subcommand per stage.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(cfg, args) -> int``
+(modules keep heavy imports inside ``run`` so ``--help`` stays fast). Every subcommand takes
+``--params FILE`` and repeatable ``--set section.key=value`` overrides. Errors caused by the user's input
+print one line and exit with status 2; ``--verbose`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "info": ("pipeline.info", "print the resolved config, versions, device and the loaded model pair"),
+    "decode": ("pipeline.decode", "speculatively decode one prompt and print the text and statistics"),
+    "train-draft": ("pipeline.train_draft", "train the self-speculative draft adapter (stage train_draft)"),
+}
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input (config, files, models, prompt sets), not a bug in branchpoint."""
+    from models.loading import ModelLoadError
+    from pipeline.config import ConfigError
+
+    types_: list[type[BaseException]] = [ConfigError, ModelLoadError, FileNotFoundError, ValueError]
+    try:
+        from data_collection.prompts import PromptSetError
+
+        types_.append(PromptSetError)
+    except ImportError:
+        pass
+    return tuple(types_)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="branchpoint",
+        description="Learn where to branch a speculative-decoding draft tree: collect features and labels, "
+        "train an efficiency-regressing selector, export it to ONNX, decode with it.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override a params value, e.g. --set decode.max_new_tokens=32 (repeatable)",
+        )
+        p.add_argument("-v", "--verbose", action="store_true", help="show full tracebacks on errors")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            p.set_defaults(_module=None)
+            continue
+        module.add_arguments(p)
+        p.set_defaults(_module=module_name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub unless the user asks
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args._module is None:
+        parser.error(f"'{args.command}' is not available in this build")
+    from pipeline.config import load_config
+
+    try:
+        cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
+                          args.overrides)
+        return importlib.import_module(args._module).run(cfg, args) or 0
+    except user_error_types() as e:
+        if args.verbose:
+            raise
+        print(f"branchpoint {args.command}: error: {e}", file=sys.stderr)
+        print("(run with --verbose for the traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The typed configuration: ``params.yaml`` sections parsed into dataclasses.
+
+This module is the only place that reads ``params.yaml``. Each top-level section maps to one dataclass
+below; every stage receives the whole `Config` and reads its own section. Unknown or mistyped keys fail
+with a `ConfigError` that names the key and the file. Command-line overrides use dotted keys
+(``--set decode.max_new_tokens=32``) and are typed the same way as the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is malformed; the message names the key and the source."""
+
+
+@dataclass
+class ModelConfig:
+    # Target LM spec: embedded:<name> | hf:<folder or cached hub id> | gguf:<file.gguf>
+    target: str = "embedded:smollm2-135m-instruct"
+    # Draft LM spec: as for target, or self_draft:<artifact folder> (target's first layers + adapter)
+    draft: str = "self_draft:artifacts/draft"
+    device: str = "auto"  # auto = CUDA when present, else CPU
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
+
+    def validate(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+
+
+@dataclass
+class PromptsConfig:
+    # Prompt sets: built-in names (default, humaneval, writing, math, translation), local files or
+    # HF datasets given as {path|hf, text_column, ...} mappings; see data_collection/prompts.py.
+    sets: list[Any] = field(default_factory=lambda: ["default"])
+    max_prompts: int | None = None  # cap per source (None = all)
+    split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])  # train/val/test, by prompt
+    seed: int = 0  # seed of the by-prompt split
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+
+    def validate(self) -> None:
+        if not self.sets:
+            raise ValueError("sets must name at least one prompt set")
+        if len(self.split) != 3 or any(f < 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-6:
+            raise ValueError(f"split must be three non-negative fractions summing to 1, not {self.split}")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
+
+
+@dataclass
+class DecodeConfig:
+    method: str = "traversal"  # verification method (decoding.METHODS), or "autoregressive"
+    action: str = "2,2,3"  # static tree shape K,L1,L2
+    max_new_tokens: int = 64
+    seed: int = 0
+    prompt: str = "Write a Python function that checks whether a number is prime."
+
+
+@dataclass
+class TrainDraftConfig:
+    """Self-speculative draft training (stage train_draft); fields owned by models/draft_training.py."""
+
+    layers: int = 6  # target layers the draft reuses
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "prompts": PromptsConfig,
+    "sampling": SamplingConfig,
+    "decode": DecodeConfig,
+    "train_draft": TrainDraftConfig,
+}
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
+    source: str = "<defaults>"  # where the values came from, for messages
+
+    def to_dict(self) -> dict:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (int, float, str, bool, X | None, list[X], Any)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: unexpected value {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        raise ConfigError(f"{where}: unsupported annotation {tp!r}")
+    raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+
+
+def _build_section(name: str, values: Any, source: str):
+    cls = SECTIONS[name]
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: section '{name}' must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key '{name}.{key}' (known keys of '{name}': {', '.join(known)})")
+        kwargs[key] = _coerce(value, hints[key], f"{source}: '{name}.{key}'")
+    section = cls(**kwargs)
+    validate = getattr(section, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as e:
+            raise ConfigError(f"{source}: section '{name}': {e}") from None
+    return section
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, YAML-parsed value)."""
+    key, sep, raw = text.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not section or not name:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. decode.max_new_tokens=32")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML ({e.problem})") from None
+    return section, name, value
+
+
+def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = ()) -> Config:
+    """Read ``path`` (missing file = defaults only when path is None), then apply ``overrides``."""
+    raw: dict = {}
+    source = "<defaults>"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
+        raw = {k: dict(v) if isinstance(v, dict) else v for k, v in loaded.items()}
+    for name in raw:
+        if name not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section '{name}' (known: {', '.join(SECTIONS)})")
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section not in SECTIONS:
+            raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{source}: section '{section}' must be a mapping")
+        raw[section][key] = value
+    if overrides:
+        source = f"{source} + --set"
+    sections = {name: _build_section(name, raw.get(name), source) for name in SECTIONS}
+    return Config(**sections, source=source)

@@ -1,0 +1,57 @@
+"""``branchpoint info``: the resolved config, library versions, the device, and the loaded pair."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import time
+
+PACKAGES = ["torch", "transformers", "pytorch-lightning", "datasets", "mlflow", "onnxruntime", "dvc", "numpy"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-models", action="store_true", help="skip loading the model pair")
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def print_prompt_summary(cfg) -> None:
+    """Prompt counts per source and split (loads the sets, so bad prompt specs fail here)."""
+    from collections import Counter
+
+    from data_collection.prompts import load_prompt_set, split_prompts
+
+    prompts = load_prompt_set(cfg.prompts.sets, max_prompts=cfg.prompts.max_prompts)
+    splits = split_prompts(prompts, tuple(cfg.prompts.split), seed=cfg.prompts.seed)
+    counts = {name: dict(Counter(ds["source"])) for name, ds in splits.items()}
+    print(f"prompts: {len(prompts)} total; by split and source: {json.dumps(counts)}")
+
+
+def run(cfg, args) -> int:
+    import torch
+
+    from models.loading import load_pair, resolve_device
+
+    print(f"config ({cfg.source}):")
+    print(json.dumps(cfg.to_dict(), indent=2))
+    print("versions:", json.dumps(versions()))
+    device = resolve_device(cfg.model.device)
+    cuda = torch.cuda.get_device_name(device) if device.type == "cuda" else "no CUDA"
+    print(f"device: {device} ({cuda}; {torch.get_num_threads()} CPU threads)")
+    print_prompt_summary(cfg)
+    if args.no_models:
+        return 0
+    start = time.perf_counter()
+    pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+    print(f"pair loaded in {time.perf_counter() - start:.1f} s:")
+    print(json.dumps(pair.describe(), indent=2))
+    return 0

