@@ -1,0 +1,209 @@
+"""Exact losslessness of every registered verifier (ALGORITHMS.md section 7), with no sampling.
+
+Tiny vocabularies, explicit conditional tables with exact zeros (decoding/exact.py), every tree shape
+with L1 + L2 <= 3 and K <= 3: the exact law of the first two emitted tokens must equal the target's
+p(a) p(b|a) within 1e-12. Parametrized over the registry, so new methods are picked up automatically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from decoding import METHODS, Action
+from decoding.exact import (
+    TablePair,
+    emitted_law,
+    enumerate_trees,
+    exact_block_efficiency,
+    law_distance,
+    step_law,
+    target_law,
+    tree_p_rows,
+)
+from decoding.tree import DraftTree, children_lists
+from decoding.verifiers.ot import OTMethod, spectr_rho
+
+TOL = 1e-12
+SHAPES = [Action(k, l1, l2) for k in (1, 2, 3) for l1 in range(4) for l2 in range(4 - l1)]
+OT_TO_NAIVE = [n for n, m in METHODS.items() if isinstance(m, OTMethod) and n not in ("nss", "naive")]
+
+
+def _pairs(action: Action) -> list[TablePair]:
+    """Vocabulary 4 where the enumeration is small, 3 for the largest trees (keeps the file fast)."""
+    if action.tree_size <= 4:
+        return [TablePair(4, seed) for seed in (0, 1, 2)]
+    return [TablePair(3, seed) for seed in (0, 1)]
+
+
+def _cases() -> list:
+    """(method, shape) pairs; chain-only methods (naive, bv) only on chains."""
+    return [pytest.param(n, a, id=f"{n}-{a}") for n in sorted(METHODS) for a in SHAPES
+            if a.is_chain or not getattr(METHODS[n], "chains_only", False)]
+
+
+@pytest.mark.parametrize(("name", "action"), _cases())
+def test_first_two_tokens_exact(name: str, action: Action) -> None:
+    method = METHODS[name]
+    for pair in _pairs(action):
+        trees = list(enumerate_trees(action, pair))
+        assert abs(sum(prob for _, prob in trees) - 1.0) < TOL
+        assert all(method.supports(t) for t, _ in trees)
+        law = step_law(action, pair, method)
+        assert min(law.values()) >= -TOL and abs(sum(law.values()) - 1.0) < TOL
+        err = law_distance(emitted_law(action, pair, method, n_tokens=2), target_law(pair, 2))
+        assert err < TOL, f"{name} {action} tables seed {pair.seed}: joint law of 2 tokens off by {err:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_first_three_tokens_exact(name: str) -> None:
+    pair = TablePair(3, 7)
+    for action in (Action(1, 1, 1), Action(2, 0, 1), Action(2, 1, 1)):
+        if METHODS[name].supports(next(enumerate_trees(action, pair))[0]):
+            err = law_distance(emitted_law(action, pair, name, n_tokens=3), target_law(pair, 3))
+            assert err < TOL, f"{name} {action}: 3-token law off by {err:.3g}"
+
+
+@pytest.mark.parametrize("action", [a for a in SHAPES if a.is_chain], ids=str)
+@pytest.mark.parametrize("name", OT_TO_NAIVE)
+def test_k1_reduces_to_naive(name: str, action: Action) -> None:
+    """On chains every OT method's step law equals standard speculative sampling's (nss excepted:
+    it emits y ~ p regardless of the draft, accepting x with p(x) <= min(1, p(x)/q(x)))."""
+    for pair in _pairs(action):
+        for ctx in ((), (0,), (1,)):
+            err = law_distance(step_law(action, pair, name, ctx), step_law(action, pair, "naive", ctx))
+            assert err < TOL, f"{name} {action} ctx {ctx}: differs from naive by {err:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, m in METHODS.items() if m.exact_block_efficiency))
+def test_block_efficiency_equals_outcome_law(name: str) -> None:
+    """expected_block_efficiency (the DP, or Traversal's schedule) = E[len(tokens)] under the exact law."""
+    method = METHODS[name]
+    for action in (Action(1, 2, 1), Action(3, 1, 2), Action(2, 0, 3), Action(3, 2, 1)):
+        pair = TablePair(3, 11)
+        for tree, _ in enumerate_trees(action, pair):
+            if not method.supports(tree):
+                break
+            p_rows = tree_p_rows(tree, pair)
+            assert abs(method.expected_block_efficiency(tree, p_rows) - exact_block_efficiency(tree, p_rows, method)) < TOL
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_verify_samples_the_exact_law(name: str) -> None:
+    """Chi-square: frequencies of verify()'s res.tokens on fixed trees match outcome_distribution,
+    so the sampling path and the exact law describe the same algorithm."""
+    method = METHODS[name]
+    pair = TablePair(4, 3)
+    rng = np.random.default_rng(5)
+    action = Action(3, 1, 1) if not getattr(method, "chains_only", False) else Action(1, 1, 2)
+    trees = [t for t, _ in enumerate_trees(action, pair)]
+    n = 3000
+    for tree in (trees[0], trees[len(trees) // 2]):
+        p_rows = tree_p_rows(tree, pair)
+        law = method.outcome_distribution(tree, p_rows)
+        counts: dict = {}
+        for _ in range(n):
+            accepted, token = method.verify(tree, p_rows, rng)
+            key = tuple(int(tree.tokens[i]) for i in accepted) + (token,)
+            counts[key] = counts.get(key, 0) + 1
+        assert set(counts) <= {k for k, m in law.items() if m > 0}, "sampled an outcome of probability 0"
+        chi2 = sum((counts.get(k, 0) - n * m) ** 2 / (n * m) for k, m in law.items() if m > 0)
+        dof = max(sum(m > 0 for m in law.values()) - 1, 1)
+        assert chi2 < dof + 6 * np.sqrt(2 * dof), (name, chi2, dof)
+
+
+# ---------------------------------------------------------------- the harness has power
+
+
+def _stitched_trunk_trees(pair: TablePair, k: int):
+    """The known third-party bug: K copies of the ONE trunk draw under the root, each with its own
+    rollout token. Not a valid i.i.d. tree."""
+    parents = np.array([-1] + [0] * k + list(range(1, k + 1)), dtype=np.int64)
+    depths = np.array([0] + [1] * k + [2] * k, dtype=np.int64)
+    q0 = pair.q(())
+    for x in np.flatnonzero(q0 > 0):
+        q1 = pair.q((int(x),))
+        for ys in np.ndindex(*(pair.vocab_size,) * k):
+            prob = float(q0[x]) * float(np.prod([q1[y] for y in ys]))
+            if prob == 0:
+                continue
+            tokens = np.array([-1] + [x] * k + list(ys), dtype=np.int64)
+            q_rows = np.zeros((2 * k + 1, pair.vocab_size))
+            q_rows[0] = q0
+            q_rows[1 : k + 1] = q1
+            yield DraftTree(Action(k, 0, 2), tokens, parents, depths, children_lists(parents), q_rows), prob
+
+
+@pytest.mark.parametrize("name", [n for n in ("spectr", "khisti") if n in METHODS])
+def test_trunk_multiplicity_trap_is_lossy(name: str) -> None:
+    """Copies of one draw are not i.i.d. draws. (SpecInfer happens to be immune at such a node: after
+    rejecting x its residual has r(x) = 0, so a copy of x is never accepted; spectr and khisti are not.)"""
+    pair = TablePair(3, 6)
+    law: dict = {}
+    for tree, prob in _stitched_trunk_trees(pair, 2):
+        for key, mass in METHODS[name].outcome_distribution(tree, tree_p_rows(tree, pair)).items():
+            law[key[:1]] = law.get(key[:1], 0.0) + prob * mass
+    assert law_distance(law, target_law(pair, 1)) > 1e-3
+
+
+class _LossySolver:
+    """Speculative sampling that emits y ~ p (not the residual) after a rejection: biased."""
+
+    name = "lossy"
+
+    def sample(self, p, q, children, rng):  # pragma: no cover - only the law is used
+        raise NotImplementedError
+
+    def output_distribution(self, p, q, children):
+        x = children[0]
+        a = min(1.0, p[x] / q[x])
+        out = (1 - a) * np.asarray(p, dtype=np.float64)
+        out[x] += a
+        return out
+
+
+def test_harness_detects_a_lossy_solver() -> None:
+    lossy = OTMethod("lossy", _LossySolver())
+    pair = TablePair(3, 0)
+    assert law_distance(emitted_law(Action(1, 0, 2), pair, lossy), target_law(pair)) > 1e-3
+    assert dataclasses.is_dataclass(lossy)
+
+
+# ---------------------------------------------------------------- spectr's rho*
+
+
+def _c(beta: float, k: int) -> float:
+    return sum((1 - beta) ** i for i in range(k))
+
+
+def _beta(p, q, rho):
+    return float(np.minimum(q, p / rho).sum())
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 8])
+def test_spectr_rho_solves_the_equation(k: int) -> None:
+    rng = np.random.default_rng(k)
+    for _ in range(200):
+        v = int(rng.integers(2, 40))
+        p = rng.dirichlet(np.full(v, 0.5)) * (rng.random(v) < 0.8)
+        q = rng.dirichlet(np.full(v, 0.5)) * (rng.random(v) < 0.8)
+        if p.sum() == 0 or q.sum() == 0:
+            continue
+        p, q = p / p.sum(), q / q.sum()
+        rho = spectr_rho(p, q, k)
+        assert 1.0 <= rho <= k
+        g = _c(_beta(p, q, rho), k) - rho
+        assert g <= 1e-12, "residual would be negative"
+        assert g > -1e-9 or rho == 1.0, f"rho {rho} is not a root (g = {g})"
+
+
+def test_spectr_rho_edge_cases() -> None:
+    p = np.array([0.5, 0.5, 0.0, 0.0])
+    q = np.array([0.0, 0.0, 0.3, 0.7])
+    assert spectr_rho(p, q, 3) == pytest.approx(3.0)  # beta = 0: no token can be accepted
+    assert spectr_rho(p, p, 3) == 1.0  # p == q: accept everything
+    assert spectr_rho(p, q, 1) == 1.0
+    onehot = np.array([0.0, 1.0, 0.0, 0.0])
+    assert spectr_rho(onehot, onehot, 4) == 1.0
