@@ -68,18 +68,53 @@ class SamplingConfig:
 
 @dataclass
 class DecodeConfig:
-    method: str = "traversal"  # verification method (decoding.METHODS), or "autoregressive"
-    action: str = "2,2,3"  # static tree shape K,L1,L2
+    method: str = "traversal"  # verification method (decoding.verifiers.METHODS), or "autoregressive"
+    action: str = "2,2,3"  # static tree shape K,L1,L2 (decoding.actions.parse_action)
     max_new_tokens: int = 64
     seed: int = 0
     prompt: str = "Write a Python function that checks whether a number is prime."
+    chat_template: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
+        parts = str(self.action).split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"action must be 'K,L1,L2' (three non-negative ints), not {self.action!r}")
 
 
 @dataclass
 class TrainDraftConfig:
     """Self-speculative draft training (stage train_draft); fields owned by models/draft_training.py."""
 
-    layers: int = 6  # target layers the draft reuses
+    layers: int = 6  # target layers the draft reuses (k)
+    adapter_width: int = 2048  # hidden width of the residual MLP adapter on layer k's hidden state
+    vocab_subset_size: int = 16384  # FR-Spec draft vocabulary (0 = whole vocabulary); q = 0 outside it
+    int8: bool = True  # int8 dynamic-quantized weights on the draft path (CPU)
+    # distillation data: target-sampled continuations of the TRAIN prompts (cached in model.cache_dir)
+    max_new_tokens: int = 128  # continuation length per prompt
+    samples_per_prompt: int = 1  # continuations per train prompt (different seeds)
+    gen_temperature: float = 1.0  # sampling temperature of the continuations
+    gen_batch_size: int = 32
+    top_k: int = 64  # target probabilities kept per position (never full-vocabulary rows)
+    # optimisation (Lightning, AdamW, linear warmup then cosine decay)
+    steps: int = 1000
+    batch_size: int = 256  # positions per step
+    lr: float = 2.0e-3
+    warmup_steps: int = 100
+    tv_weight: float = 3.0  # loss = KL(p||q) + tv_weight * (1 - sum min(p, q)), over the top-k
+    val_every: int = 500  # steps between validations on VAL prompts' records
+    # evaluation on TEST prompts: continuations sampled at each temperature, acceptance of q vs p
+    eval_temperatures: list[float] = field(default_factory=lambda: [1.0, 0.6])
+    eval_max_new_tokens: int = 96
+    timing_context: int = 256  # context length of the step-time measurement
+    timing_reps: int = 30
+    seed: int = 0
+    threads: int = 1  # torch CPU threads (1 is faster than 2 when the cores are shared)
+    out: str = "artifacts/draft"  # the artifact folder (adapter.safetensors + config.json)
+    metrics: str = "metrics/draft.json"
+    tracking_uri: str = "sqlite:///mlflow.db"  # MLflow store (git-ignored)
+    experiment: str = "train_draft"
 
 
 SECTIONS: dict[str, type] = {

@@ -1,0 +1,111 @@
+"""Benchmark of the self-speculative draft (stage train_draft) -> benchmarks/results/draft.json.
+
+Measures, on this machine, with the trained artifact loaded through `load_pair` (the decoder's path):
+1. one draft decode step vs one target decode step (one new token on a KV cache) at several context
+   lengths: ``step_time_ratio`` = median draft step / median target step, steps interleaved;
+2. chain speculative decoding (action K=1, L1=0, L2=n, method ``naive`` = standard speculative sampling)
+   vs autoregressive decoding with the engine (decoding/engine) on TEST prompts: block efficiency
+   (tokens per target pass) and tokens per second.
+
+Run: ``python -m benchmarks.bench_draft`` (after ``dvc repro train_draft``); ``--quick`` for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+OUT = Path("benchmarks/results/draft.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--contexts", default="64,256,512", help="context lengths of the step timing")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=4, help="TEST prompts decoded per setting")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--chain", default="2,4", help="draft chain lengths L2 to decode with")
+    parser.add_argument("--temperatures", default="1.0,0.6")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: train_draft.threads)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings, for a smoke run")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.contexts, args.reps, args.prompts, args.max_new_tokens, args.chain = "64", 5, 1, 8, "3"
+        args.temperatures = "1.0"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+
+    from decoding.actions import Action
+    from decoding.engine import generate
+    from decoding.sampling import Sampling
+    from models.draft_data import eos_ids, step_times
+    from models.loading import load_pair
+    from pipeline.config import load_config
+    from pipeline.train_draft import _texts
+
+    cfg = load_config(args.params if Path(args.params).is_file() else None)
+    torch.set_num_threads(args.threads or cfg.train_draft.threads)
+    pair = load_pair(cfg.model.target, f"self_draft:{cfg.train_draft.out}", cfg.model.device, cfg.model.dtype,
+                     cfg.model.cache_dir)
+    target, draft, tok = pair.target, pair.draft, pair.tokenizer
+    texts = _texts(cfg, tok)["test"]
+    result: dict = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+                    "loadavg_start": os.getloadavg()},
+        "draft": {"spec": pair.draft_spec, **{k: v for k, v in vars(draft.config_draft).items()
+                                               if k != "target_fingerprint"}},
+        "step_time": [],
+    }
+    ids = tok(texts[0], add_special_tokens=False)["input_ids"]
+    for n in [int(c) for c in args.contexts.split(",")]:
+        context = torch.tensor([(ids * (1 + n // len(ids)))[:n]], device=pair.device)
+        result["step_time"].append(step_times(target, draft, context, reps=args.reps))
+        print(json.dumps(result["step_time"][-1]))
+    result["step_time_ratio"] = max(r["step_time_ratio"] for r in result["step_time"])
+
+    eos = sorted(eos_ids(tok, target))
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[: args.prompts]]
+    result["decoding"] = []
+    for temp in [float(t) for t in args.temperatures.split(",")]:
+        sampling = Sampling(temperature=temp)
+        settings = [("autoregressive", None)] + [("naive", Action(1, 0, int(n))) for n in args.chain.split(",")]
+        for method, action in settings:
+            tokens = passes = emitted = 0
+            seconds = 0.0
+            for i, prompt in enumerate(prompts):
+                start = time.perf_counter()
+                out = generate(target, draft, prompt, args.max_new_tokens, method=method,
+                               policy=action or Action(1, 0, 1), sampling=sampling, seed=i,
+                               vocab_size=pair.vocab_size, eos_token_ids=eos)
+                seconds += time.perf_counter() - start
+                tokens += out.stats.new_tokens
+                passes += out.stats.steps
+                emitted += out.stats.emitted  # before truncation at EOS / max_new_tokens
+            row = {"temperature": temp, "method": method, "action": None if action is None else str(action),
+                   "prompts": len(prompts), "new_tokens": tokens, "target_passes": passes,
+                   "block_efficiency": emitted / passes if passes else float("nan"),
+                   "tokens_per_second": tokens / seconds, "seconds": seconds}
+            result["decoding"].append(row)
+            print(json.dumps(row))
+        rows = [r for r in result["decoding"] if r["temperature"] == temp]
+        base = rows[0]["tokens_per_second"]
+        for r in rows[1:]:
+            r["speedup_vs_autoregressive"] = r["tokens_per_second"] / base
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""KV caches of the engine: a transformers ``DynamicCache`` plus the position id of every slot.
+
+Terms:
+- *slot*: index along the sequence axis of the cache (``keys[:, :, slot, :]``);
+- *position*: the rotary position id the token at that slot was processed with. On the accepted
+  sequence slot == position; tree nodes processed in a tree pass sit at ``slot >= ctx_len`` with
+  position ``ctx_len + depth``;
+- *pruning*: after verification, keep only the slots of the accepted path, moved to contiguous
+  slots right after the context, and drop everything else. The context is never re-computed.
+
+Every model call goes through `call_model`, which uses the HF causal-LM convention
+``model(input_ids, attention_mask, position_ids, <cache kwarg>, use_cache=True)``. transformers 5.x
+names the cache keyword ``cache`` (``past_key_values`` is deprecated); other modules following the
+older convention (e.g. a self-speculative draft) are called with ``past_key_values``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+_CACHE_KWARG: dict[type, str] = {}
+_KEEPS_LOGITS: dict[type, bool] = {}
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """``"cache"`` when ``model.forward`` takes it (transformers >= 5), else ``"past_key_values"``."""
+    cls = type(model)
+    if cls not in _CACHE_KWARG:
+        params = inspect.signature(model.forward).parameters
+        _CACHE_KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARG[cls]
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model.forward`` can skip the head on all but the last positions (``logits_to_keep``)."""
+    cls = type(model)
+    if cls not in _KEEPS_LOGITS:
+        _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return _KEEPS_LOGITS[cls]
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+class KVState:
+    """One model's KV cache and the position of each slot (kept on the CPU as a Python list)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = DynamicCache()
+        self.positions: list[int] = []  # [S] position id of each slot
+        self.device = model_device(model)
+        self.dtype = model_dtype(model)
+        self._kwarg = cache_kwarg(model)
+        self._keeps = takes_logits_to_keep(model)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: list[int], attention_mask,
+                output_hidden_states: bool = False, last_logits: int = 0):
+        """Run the model on ``input_ids`` ``[n]`` appended after the cached slots; returns the HF output.
+
+        ``attention_mask`` is an additive float mask ``[1, 1, n, S + n]`` (or a dict of them per layer
+        type) built by `decoding.engine.tree_pass`. ``last_logits > 0``: the output's logits cover only
+        the last ``last_logits`` positions (the head is skipped elsewhere when the model allows it)."""
+        pos = torch.tensor(position_ids, dtype=torch.long, device=self.device)[None]  # [1, n]
+        kwargs = {self._kwarg: self.cache}
+        if last_logits and self._keeps:
+            kwargs["logits_to_keep"] = last_logits
+        out = self.model(input_ids=input_ids[None], attention_mask=attention_mask, position_ids=pos,
+                         use_cache=True, output_hidden_states=output_hidden_states, **kwargs)
+        self.positions.extend(position_ids)
+        if self.cache.get_seq_length() != len(self.positions):
+            raise RuntimeError(
+                f"KV cache holds {self.cache.get_seq_length()} slots after a forward pass, expected "
+                f"{len(self.positions)}: the model did not update the cache it was given in place "
+                "(a sliding-window or static cache?). The engine needs a plain DynamicCache.")
+        return out
+
+    def keep(self, start: int, slots: list[int]) -> None:
+        """Keep slots ``[0, start)`` and then ``slots`` (in that order, each > its predecessor), drop the
+        rest: the accepted path of a tree moves to contiguous slots ``start, start + 1, ...``."""
+        m = len(slots)
+        # skip the prefix of slots that is already in place
+        j = 0
+        while j < m and slots[j] == start + j:
+            j += 1
+        new_len = start + m
+        if j < m:
+            src = torch.tensor(slots[j:], dtype=torch.long, device=self.device)
+            dst0 = start + j
+            for layer in self.cache.layers:
+                if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+                    continue
+                # advanced indexing copies first, so overlapping source/destination slots are safe
+                layer.keys[:, :, dst0:new_len] = layer.keys[:, :, src]
+                layer.values[:, :, dst0:new_len] = layer.values[:, :, src]
+        self.crop(new_len, _positions=[self.positions[s] for s in slots])
+
+    def crop(self, length: int, _positions: list[int] | None = None) -> None:
+        """Drop every slot from ``length`` on (``_positions`` replaces the kept tail's positions)."""
+        if length > len(self.positions):
+            raise ValueError(f"cannot crop a KV cache of {len(self.positions)} slots to {length}")
+        for layer in self.cache.layers:
+            if getattr(layer, "is_sliding", False):
+                raise ValueError("the engine does not support sliding-window cache layers; "
+                                 "pass a DynamicCache without config")
+            if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+                layer.keys = layer.keys[:, :, :length]
+                layer.values = layer.values[:, :, :length]
+        if _positions is not None:
+            start = length - len(_positions)
+            self.positions[start:] = _positions
+        del self.positions[length:]

@@ -1,0 +1,109 @@
+"""The sampling transform: temperature, then top-p, applied identically to target rows p and draft rows q.
+
+ALGORITHMS.md notation: ``p(.|c)`` and ``q(.|c)`` are the distributions AFTER this transform, so every
+verifier is lossless with respect to the transformed target (what plain sampling with the same settings
+draws).
+
+- ``temperature = 0`` means greedy: the row becomes one-hot at the argmax (lowest token id on ties), so
+  every verification method reduces to exact match.
+- ``top_p < 1`` keeps the smallest set of most-probable tokens whose mass reaches ``top_p`` (the token
+  that crosses the threshold is kept; ties broken by token id) and renormalizes.
+
+Both a torch version (`transform_logits`, on the model's device) and a numpy version
+(`transform_logits_np`, for tests and reference computations) are provided; they agree to float
+rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings shared by target and draft."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = no truncation
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"Sampling.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def transform_logits(logits: torch.Tensor, sampling: Sampling, vocab_size: int | None = None) -> torch.Tensor:
+    """Probabilities ``[..., V]`` (float32 or wider) from raw logits ``[..., V']``.
+
+    ``vocab_size`` cuts the last axis to the common vocabulary first (models may pad their heads)."""
+    if vocab_size is not None:
+        logits = logits[..., :vocab_size]
+    logits = logits.float()
+    if sampling.greedy:
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)  # [..., V]
+    if sampling.top_p < 1.0:
+        # stable sort: equal probabilities keep token-id order
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # [..., V] mass of better-ranked tokens
+        drop_sorted = mass_before >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def transform_logits_np(logits: np.ndarray, sampling: Sampling, vocab_size: int | None = None) -> np.ndarray:
+    """Numpy (float64) twin of `transform_logits`."""
+    x = np.asarray(logits, dtype=np.float64)
+    if vocab_size is not None:
+        x = x[..., :vocab_size]
+    if sampling.greedy:
+        out = np.zeros_like(x)
+        np.put_along_axis(out, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return out
+    z = x / sampling.temperature
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    probs = z / z.sum(axis=-1, keepdims=True)
+    if sampling.top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(probs, order, axis=-1)
+        mass_before = np.cumsum(sorted_p, axis=-1) - sorted_p
+        drop = np.zeros(probs.shape, dtype=bool)
+        np.put_along_axis(drop, order, mass_before >= sampling.top_p, axis=-1)
+        probs = np.where(drop, 0.0, probs)
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def to_numpy_rows(probs: torch.Tensor) -> np.ndarray:
+    """Probability rows as float64 numpy, renormalized in float64 (verifiers check sums to 1e-5)."""
+    rows = probs.detach().to(dtype=torch.float64).cpu().numpy()
+    return rows / rows.sum(axis=-1, keepdims=True)
+
+
+def draw(rows: np.ndarray, rng: np.random.Generator, count: int = 1) -> np.ndarray:
+    """``count`` i.i.d. tokens from each row of ``rows`` ``[R, V]`` (inverse CDF); returns ``[R, count]``.
+
+    Tokens of probability 0 are never drawn (also when ``u * total`` rounds up to the total)."""
+    rows = np.atleast_2d(rows)
+    cdf = np.cumsum(rows, axis=-1)  # [R, V]
+    total = cdf[:, -1:]
+    u = rng.random((rows.shape[0], count)) * total  # [R, count]
+    out = np.empty((rows.shape[0], count), dtype=np.int64)
+    for r in range(rows.shape[0]):
+        idx = np.searchsorted(cdf[r], u[r], side="right")
+        over = idx >= rows.shape[1]
+        if over.any():
+            idx[over] = int(np.flatnonzero(rows[r] > 0)[-1])
+        out[r] = idx
+    return out

@@ -1,0 +1,329 @@
+"""Self-speculative draft: the target's first layers, a small trained adapter, and a vocabulary subset.
+
+Terms used here:
+
+- *shared layers*: the target's embedding and its first ``k`` decoder layers, used as they are (fp32) or as
+  int8 copies (``int8=True``). Nothing of them is saved in the artifact.
+- *adapter*: a residual MLP on the hidden state after layer ``k``,
+  ``h + W2 silu(W1 rmsnorm(h))`` (width = rows of W1), trained by distillation (models/draft_training.py).
+- *vocabulary subset* S (FR-Spec style): the ``N`` token ids the draft head scores, ranked by expected
+  frequency in target-generated text. The draft head is the target's final norm and the rows S of its LM
+  head, plus a trained logit bias over S. Outside S the draft distribution q is exactly 0 (logit -inf),
+  which keeps speculative decoding lossless: verification only needs q(x) for drafted tokens, all in S.
+
+The module follows the HF causal-LM call convention the decoding engine uses:
+``draft(input_ids=[B, n], attention_mask=None | 2D padding mask | 4D additive float mask [B|1, 1, n, ctx+n],
+position_ids=[B|1, n], past_key_values=DynamicCache, use_cache=True)`` returns an object with ``.logits``
+[B, n, V_full] (-inf outside S) and ``.past_key_values``. ``vocab_subset`` ([N] ids) lets a caller that
+knows about subsets skip the full-width logits (`subset_logits`).
+
+The artifact is a folder: ``config.json`` (`SelfDraftConfig`, including a fingerprint of the target) and
+``adapter.safetensors`` (adapter weights, logit bias, vocabulary subset ids). Load it with
+`load_self_draft(target, folder)` or through ``models.loading.load_pair(..., "self_draft:<folder>")``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "adapter.safetensors"
+FORMAT_VERSION = 1
+
+
+class SelfDraftError(ValueError):
+    """A self-draft artifact that is missing, malformed, or made for another target; says what to do."""
+
+
+@dataclass
+class SelfDraftConfig:
+    layers: int = 6  # k: target layers the draft reuses
+    adapter_width: int = 1024  # hidden width of the residual MLP adapter
+    vocab_subset_size: int = 16384  # N: tokens the draft head scores (FR-Spec); 0 = whole vocabulary
+    int8: bool = True  # run the draft path (shared layers, adapter, head) with int8 dynamic-quantized weights
+    hidden_size: int = 0  # filled from the target
+    vocab_size: int = 0  # the target's output vocabulary (rows of its LM head)
+    target_fingerprint: dict | None = None  # see `target_fingerprint`
+    format_version: int = FORMAT_VERSION
+
+
+def target_fingerprint(target: nn.Module) -> dict:
+    """Architecture numbers and a few weight statistics identifying a target (dtype-tolerant).
+
+    Statistics are float64 means of |w| over fixed slices, so a bf16 load of the same weights still matches
+    (checked with a relative tolerance in `check_fingerprint`) while a different checkpoint does not.
+    """
+    cfg = target.config
+    emb = target.get_input_embeddings().weight
+    layers = target.model.layers
+    probes = [emb[:512], emb[-512:], layers[0].self_attn.q_proj.weight, layers[-1].mlp.down_proj.weight,
+              target.model.norm.weight]
+    stats = [float(p.detach().double().abs().mean()) for p in probes]
+    stats += [float(emb[i % emb.shape[0]].detach().double().sum()) for i in (3, 100, 1000)]
+    return {
+        "model_type": getattr(cfg, "model_type", None),
+        "num_hidden_layers": int(cfg.num_hidden_layers),
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": int(emb.shape[0]),
+        "weight_stats": [round(s, 6) for s in stats],
+    }
+
+
+def check_fingerprint(stored: dict | None, target: nn.Module, where: str) -> None:
+    """Raise `SelfDraftError` unless ``stored`` matches ``target`` (architecture exactly, weights to 2%)."""
+    if stored is None:
+        raise SelfDraftError(f"{where}: the artifact has no target fingerprint; retrain it (branchpoint train-draft)")
+    now = target_fingerprint(target)
+    arch = [k for k in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size") if stored.get(k) != now[k]]
+    a, b = torch.tensor(stored.get("weight_stats", [])), torch.tensor(now["weight_stats"])
+    weights_differ = a.shape != b.shape or bool(((a - b).abs() > 0.02 * b.abs().clamp_min(1e-3)).any())
+    if arch or weights_differ:
+        what = ", ".join(f"{k} {stored.get(k)} vs {now[k]}" for k in arch) or "weights differ"
+        raise SelfDraftError(
+            f"{where} was trained for a different target ({what}); retrain it for this target with "
+            "`branchpoint train-draft` (or `dvc repro train_draft`)"
+        )
+
+
+class ResidualAdapter(nn.Module):
+    """``h + W2 silu(W1 rmsnorm(h))``; W2 starts at zero so the untrained adapter is the identity."""
+
+    def __init__(self, hidden: int, width: int, eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden, eps=eps)
+        self.up = nn.Linear(hidden, width)
+        self.down = nn.Linear(width, hidden)
+        nn.init.zeros_(self.down.weight)
+        nn.init.zeros_(self.down.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+        return h + self.down(nn.functional.silu(self.up(self.norm(h))))
+
+
+class _Output:
+    """The call convention's return value: ``.logits``, ``.past_key_values`` (alias ``.cache``), ``.hidden_states``."""
+
+    def __init__(self, logits: torch.Tensor, cache, hidden_states=None):
+        self.logits = logits
+        self.past_key_values = cache
+        self.cache = cache
+        self.hidden_states = hidden_states
+
+
+class SelfDraft(nn.Module):
+    """The draft LM (see the module docstring). Trainable parts: ``adapter`` and ``logit_bias``."""
+
+    def __init__(self, target: nn.Module, config: SelfDraftConfig, vocab_subset: torch.Tensor | None = None):
+        super().__init__()
+        n_layers = target.config.num_hidden_layers
+        if not 1 <= config.layers <= n_layers:
+            raise SelfDraftError(f"draft layers k={config.layers} must be between 1 and the target's {n_layers}")
+        head = target.get_output_embeddings().weight  # [V, H]
+        config.hidden_size, config.vocab_size = int(head.shape[1]), int(head.shape[0])
+        if vocab_subset is None:
+            vocab_subset = torch.arange(min(config.vocab_subset_size or config.vocab_size, config.vocab_size))
+        vocab_subset = vocab_subset.to(torch.long).cpu()
+        if vocab_subset.numel() == 0 or int(vocab_subset.max()) >= config.vocab_size or int(vocab_subset.min()) < 0:
+            raise SelfDraftError(f"vocabulary subset must hold ids in [0, {config.vocab_size})")
+        self.config_draft = config
+        self.k = config.layers
+        body = target.model
+        self.embed_tokens = body.embed_tokens  # shared, frozen
+        self.layers = nn.ModuleList(body.layers[: self.k])  # shared, frozen
+        self.rotary_emb = body.rotary_emb
+        self.final_norm = body.norm
+        self.adapter = ResidualAdapter(config.hidden_size, config.adapter_width).to(head.device, head.dtype)
+        self.register_buffer("vocab_subset", vocab_subset.to(head.device))  # [N]
+        self.head = nn.Linear(config.hidden_size, vocab_subset.numel(), bias=True).to(head.device, head.dtype)
+        with torch.no_grad():
+            self.head.weight.copy_(head.detach()[self.vocab_subset])  # [N, H] copy of the target's rows
+            self.head.bias.zero_()  # the trained logit bias over S
+        self.head.weight.requires_grad_(False)
+        self.config = copy.deepcopy(target.config)  # HF-style config: DynamicCache(config=draft.config) works
+        self.config.num_hidden_layers = self.k
+        self._target_head = target.get_output_embeddings()
+        self._fast = None  # int8 copy of the draft path, built by `quantize_`
+        for p in list(self.embed_tokens.parameters()) + list(self.layers.parameters()):
+            p.requires_grad_(False)
+
+    # --- HF-style accessors used by models.loading and the engine ---------------------------------------
+    def get_output_embeddings(self) -> nn.Module:
+        """The target's full LM head: the vocabulary the draft's logits are indexed by."""
+        return self._target_head
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.weight.dtype
+
+    # --- int8 -----------------------------------------------------------------------------------------------
+    def quantize_(self) -> SelfDraft:
+        """Build int8 dynamic-quantized copies of the layers, adapter and head used by `forward` (CPU only).
+
+        Every linear layer gets int8 weights except the shared layers' MLP ``down_proj``: its input (the
+        gated SiLU product) has outlier activations that per-tensor dynamic int8 quantization distorts
+        (measured: test acceptance 0.28 with it quantized, 0.34 without, 0.355 all fp32). The fp32 modules
+        stay (training uses them); the int8 copies are not trained.
+        """
+        if self.device.type != "cpu":
+            return self
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+
+            path = nn.ModuleDict({"layers": self.layers, "adapter": self.adapter, "head": self.head})
+            spec = {name: default_dynamic_qconfig for name, mod in path.named_modules()
+                    if isinstance(mod, nn.Linear) and not name.endswith("mlp.down_proj")}
+            self._fast = [quantize_dynamic(copy.deepcopy(path), spec, dtype=torch.qint8).eval()]
+        return self
+
+    # --- forward ------------------------------------------------------------------------------------------
+    def hidden_after_layers(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True,
+                            layers=None) -> torch.Tensor:
+        """Hidden states after the k shared layers: [B, n, H]; updates ``cache`` for those layers."""
+        h = self.embed_tokens(input_ids)  # [B, n, H]
+        n = input_ids.shape[1]
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n, device=h.device).unsqueeze(0)  # [1, n]
+        mask = _additive_mask(attention_mask, n, past, h.dtype, h.device)  # None or [B|1, 1, n, past+n]
+        pos_emb = self.rotary_emb(h, position_ids=position_ids)
+        for layer in self.layers if layers is None else layers:
+            h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=use_cache,
+                      position_embeddings=pos_emb)
+        return h
+
+    def head_logits(self, h: torch.Tensor, adapter=None, head=None, return_hidden: bool = False):
+        """Subset logits [..., N] from hidden states after layer k [..., H] (and the normed hidden state)."""
+        h = self.final_norm((self.adapter if adapter is None else adapter)(h))  # [..., H]
+        z = (self.head if head is None else head)(h)
+        return (z, h) if return_hidden else z
+
+    def subset_logits(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                      use_cache=True, cache=None, output_hidden_states=False):
+        """Like `forward` but returns ``(logits over S [B, n, N], cache)`` (+ hidden states when asked)."""
+        cache = cache if cache is not None else past_key_values
+        if use_cache and cache is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+        fast = self._fast[0] if self._fast is not None and not self.training else None
+        h = self.hidden_after_layers(input_ids, attention_mask, position_ids, cache, use_cache,
+                                     layers=fast["layers"] if fast is not None else None)
+        parts = (fast["adapter"], fast["head"]) if fast is not None else (None, None)
+        z, last = self.head_logits(h, *parts, return_hidden=True)
+        return (z, cache, (h, last)) if output_hidden_states else (z, cache)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
+                cache=None, output_hidden_states=False, **_ignored) -> _Output:
+        """HF call convention; ``.hidden_states`` (with ``output_hidden_states``) is (after layer k, final)."""
+        z, cache, *hidden = self.subset_logits(input_ids, attention_mask, position_ids, past_key_values,
+                                               use_cache, cache, output_hidden_states)
+        logits = z.new_full((*z.shape[:-1], self.config_draft.vocab_size), float("-inf"))  # [B, n, V]
+        logits[..., self.vocab_subset] = z
+        return _Output(logits, cache, hidden[0] if hidden else None)
+
+    # --- artifact -----------------------------------------------------------------------------------------
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What the artifact stores: adapter weights, logit bias, subset ids (not the shared weights)."""
+        state = {f"adapter.{k}": v.detach().cpu().contiguous() for k, v in self.adapter.state_dict().items()}
+        state["logit_bias"] = self.head.bias.detach().cpu().contiguous()
+        state["vocab_subset"] = self.vocab_subset.cpu().contiguous()
+        return state
+
+
+def _additive_mask(mask, n: int, past: int, dtype, device):
+    """None (one query token, attend everything), or an additive float mask [B|1, 1, n, past+n]."""
+    blocked = torch.finfo(dtype).min
+    if mask is not None and mask.dim() == 4:
+        if mask.dtype == torch.bool:  # True = may attend
+            return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, blocked)
+        return mask.to(dtype)
+    causal = None
+    if n > 1:
+        q = torch.arange(past, past + n, device=device).unsqueeze(1)  # [n, 1]
+        kv = torch.arange(past + n, device=device).unsqueeze(0)  # [1, past+n]
+        causal = torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(kv > q, blocked)[None, None]
+    if mask is None:
+        return causal
+    if mask.dim() != 2 or mask.shape[1] != past + n:
+        raise ValueError(f"2D attention_mask must be [B, past+n] = [B, {past + n}], got {tuple(mask.shape)}")
+    pad = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask == 0, blocked)[:, None, None, :]
+    return pad if causal is None else (pad + causal).clamp_min(blocked)
+
+
+def save_self_draft(draft: SelfDraft, folder: str | Path, extra: dict | None = None) -> Path:
+    """Write the artifact to a temp folder next to ``folder``, then rename it into place."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
+    try:
+        save_file(draft.trained_state(), str(tmp / WEIGHTS_FILE))
+        meta = asdict(draft.config_draft) | {"extra": extra or {}}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        for path in (tmp, tmp / WEIGHTS_FILE, tmp / CONFIG_FILE):  # mkdtemp makes private (0700) files
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def read_artifact_config(folder: str | Path) -> SelfDraftConfig:
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise SelfDraftError(
+            f"no self-draft artifact at {folder}/ (needs {CONFIG_FILE} and {WEIGHTS_FILE}); build it with "
+            "`dvc repro train_draft` or `branchpoint train-draft`"
+        )
+    raw = json.loads((folder / CONFIG_FILE).read_text())
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise SelfDraftError(f"{folder}: artifact format {raw.get('format_version')} != {FORMAT_VERSION}; retrain it")
+    known = {f.name for f in fields(SelfDraftConfig)}
+    return SelfDraftConfig(**{k: v for k, v in raw.items() if k in known})
+
+
+def load_self_draft(target: nn.Module, folder: str | Path, int8: bool | None = None) -> SelfDraft:
+    """The draft stored in ``folder`` on top of ``target`` (fingerprint-checked), in eval mode.
+
+    ``int8`` overrides the artifact's setting (None = as trained).
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = read_artifact_config(folder)
+    check_fingerprint(config.target_fingerprint, target, f"self-draft artifact {folder}")
+    state = load_file(str(folder / WEIGHTS_FILE))
+    draft = SelfDraft(target, config, vocab_subset=state["vocab_subset"])
+    adapter = {k.removeprefix("adapter."): v for k, v in state.items() if k.startswith("adapter.")}
+    try:
+        draft.adapter.load_state_dict(adapter)
+    except RuntimeError as e:
+        raise SelfDraftError(f"{folder}: adapter weights do not match its config: {e}") from None
+    with torch.no_grad():
+        draft.head.bias.copy_(state["logit_bias"])
+    draft.eval()
+    if config.int8 if int8 is None else int8:
+        draft.quantize_()
+    return draft

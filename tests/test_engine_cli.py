@@ -1,0 +1,61 @@
+"""``branchpoint decode`` end to end on a saved tiny pair (subprocess, as a user runs it)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from models.tiny import save_tiny_model
+
+
+def branchpoint(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def params(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    t = save_tiny_model(root / "target", 2, seed=0)
+    d = save_tiny_model(root / "draft", 1, seed=1)
+    path = root / "params.yaml"
+    path.write_text(f"model:\n  target: hf:{t}\n  draft: hf:{d}\n  device: cpu\n")
+    return str(path)
+
+
+def test_decode_prints_text_and_stats(params, tmp_path):
+    out = tmp_path / "run.json"
+    result = branchpoint("decode", "--params", params, "--prompt", "w5 w9 w33", "--method", "traversal",
+                         "--action", "4,2,3", "--max-new-tokens", "12", "--temperature", "1.0", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "method traversal" in result.stdout and "block efficiency" in result.stdout
+    assert "per-depth acceptance" in result.stdout and "time (s): draft" in result.stdout
+    run = json.loads(out.read_text())
+    assert run["action"] == "4,2,3" and 1 <= len(run["tokens"]) <= 12
+    assert run["stats"]["steps"] >= 1 and run["stats"]["method"] == "traversal"
+
+
+def test_decode_greedy_speculative_equals_autoregressive(params, tmp_path):
+    from pipeline.cli import main
+
+    runs = {}
+    for method in ("autoregressive", "specinfer"):
+        out = tmp_path / f"{method}.json"
+        assert main(["decode", "--params", params, "--prompt", "w7 w8", "--method", method, "--set",
+                     "sampling.temperature=0", "--max-new-tokens", "10", "--json", str(out)]) == 0
+        runs[method] = json.loads(out.read_text())["tokens"]
+    assert runs["autoregressive"] == runs["specinfer"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--method", "nope"], "unknown verification method 'nope'"),
+    (["--action", "4,2"], "expected 'K,L1,L2'"),
+    (["--method", "bv", "--action", "2,1,1"], "chain-only"),
+])
+def test_decode_bad_input_is_one_line(params, args, fragment, capsys):
+    from pipeline.cli import main
+
+    assert main(["decode", "--params", params, "--max-new-tokens", "2", *args]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("branchpoint decode: error:")]
+    assert len(errors) == 1 and fragment in errors[0]

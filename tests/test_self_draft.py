@@ -1,0 +1,196 @@
+"""The self-speculative draft on the tiny random pair: call convention, caches, masks, artifact, training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from models.draft_data import acceptance_per_position, chain_block_efficiency, sample_continuations
+from models.draft_training import (
+    DistillDataModule,
+    DistillHParams,
+    RecordDataset,
+    distill_terms,
+    fit_draft,
+    rank_vocabulary,
+)
+from models.self_draft import SelfDraft, SelfDraftConfig, SelfDraftError, load_self_draft, save_self_draft
+from models.tiny import TINY_VOCAB, tiny_lm
+
+SUBSET = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 60, 63])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(4, seed=0, hidden=48)
+
+
+def make_draft(target, k=2, subset=SUBSET, width=16, seed=0):
+    torch.manual_seed(seed)
+    draft = SelfDraft(target, SelfDraftConfig(layers=k, adapter_width=width, int8=False), vocab_subset=subset)
+    with torch.no_grad():  # a non-trivial adapter and bias (a fresh adapter is the identity)
+        draft.adapter.down.weight.normal_(0, 0.1)
+        draft.head.bias.normal_(0, 0.5)
+    return draft.eval()
+
+
+def test_call_convention_and_zero_outside_subset(target):
+    draft = make_draft(target)
+    ids = torch.randint(0, TINY_VOCAB, (2, 7))
+    out = draft(input_ids=ids, use_cache=True)
+    assert out.logits.shape == (2, 7, TINY_VOCAB)
+    assert isinstance(out.past_key_values, DynamicCache) and out.past_key_values.get_seq_length() == 7
+    q = torch.softmax(out.logits / 0.7, -1)
+    outside = torch.ones(TINY_VOCAB, dtype=torch.bool)
+    outside[SUBSET] = False
+    assert torch.all(q[..., outside] == 0)  # exactly zero, not just small
+    assert torch.allclose(q.sum(-1), torch.ones(2, 7))
+    assert torch.all(q[..., SUBSET] > 0)
+    sub, _ = draft.subset_logits(ids, use_cache=False)
+    assert torch.equal(sub, out.logits[..., SUBSET])
+
+
+def test_cache_matches_full_forward(target):
+    draft = make_draft(target)
+    ids = torch.randint(0, TINY_VOCAB, (1, 9))
+    full = draft(input_ids=ids, use_cache=False).logits
+    cache = DynamicCache()
+    draft(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+    two = draft(input_ids=ids[:, 5:7], past_key_values=cache, use_cache=True).logits  # causal, n > 1
+    one = [draft(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True).logits for i in (7, 8)]
+    inc = torch.cat([two, *one], dim=1)
+    assert torch.allclose(inc[..., SUBSET], full[:, 5:, SUBSET], atol=1e-5)
+    assert cache.get_seq_length() == 9
+
+
+def test_4d_tree_mask_reproduces_separate_passes(target):
+    """Two sibling tokens after a cached context: additive 4D mask + explicit positions (engine convention)."""
+    draft = make_draft(target)
+    ctx = torch.randint(0, TINY_VOCAB, (1, 6))
+    a, b = 11, 40
+    cache = DynamicCache()
+    draft(input_ids=ctx, past_key_values=cache, use_cache=True)
+    blocked = torch.finfo(torch.float32).min
+    mask = torch.zeros(1, 1, 2, 8)
+    mask[0, 0, 0, 7] = blocked  # a does not see b
+    mask[0, 0, 1, 6] = blocked  # b does not see a
+    tree = draft(input_ids=torch.tensor([[a, b]]), attention_mask=mask, position_ids=torch.tensor([[6, 6]]),
+                 past_key_values=cache, use_cache=True).logits
+    for j, tok in enumerate((a, b)):
+        ref = draft(input_ids=torch.cat([ctx, torch.tensor([[tok]])], 1), use_cache=False).logits[:, -1]
+        assert torch.allclose(tree[:, j, SUBSET], ref[:, SUBSET], atol=1e-5)
+    bool_mask = mask == 0
+    cache.crop(-2)
+    tree_b = draft(input_ids=torch.tensor([[a, b]]), attention_mask=bool_mask, position_ids=torch.tensor([[6, 6]]),
+                   past_key_values=cache, use_cache=True).logits
+    assert torch.allclose(tree_b[..., SUBSET], tree[..., SUBSET], atol=1e-6)
+
+
+def test_int8_path_close_to_fp32(target):
+    draft = make_draft(target)
+    ids = torch.randint(0, TINY_VOCAB, (1, 6))
+    ref = draft(input_ids=ids, use_cache=False).logits[..., SUBSET]
+    draft.quantize_()
+    q8 = draft(input_ids=ids, use_cache=False).logits[..., SUBSET]
+    assert torch.allclose(torch.softmax(q8, -1), torch.softmax(ref, -1), atol=0.05)
+    assert torch.isinf(draft(input_ids=ids, use_cache=False).logits[..., 4]).all()
+
+
+def test_save_load_round_trip_and_errors(target, tmp_path):
+    draft = make_draft(target)
+    from models.self_draft import target_fingerprint
+
+    draft.config_draft.target_fingerprint = target_fingerprint(target)
+    folder = save_self_draft(draft, tmp_path / "draft")
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter.safetensors", "config.json"]
+    assert not list(tmp_path.glob("*.tmp*"))
+    loaded = load_self_draft(target, folder)
+    ids = torch.randint(0, TINY_VOCAB, (1, 5))
+    assert torch.equal(loaded(input_ids=ids).logits, draft(input_ids=ids).logits)
+    with pytest.raises(SelfDraftError, match="different target"):
+        load_self_draft(tiny_lm(4, seed=7, hidden=48), folder)
+    with pytest.raises(SelfDraftError, match="no self-draft artifact"):
+        load_self_draft(target, tmp_path / "missing")
+    with pytest.raises(SelfDraftError, match="between 1 and"):
+        SelfDraft(target, SelfDraftConfig(layers=5))
+
+
+def test_full_depth_identity_draft_accepts_everything(target):
+    """k = all layers, whole vocabulary, identity adapter, zero bias: q == p, acceptance 1."""
+    draft = SelfDraft(target, SelfDraftConfig(layers=4, adapter_width=8, vocab_subset_size=0, int8=False)).eval()
+    ids = torch.randint(0, TINY_VOCAB, (1, 8))
+    assert torch.allclose(draft(input_ids=ids).logits, target(input_ids=ids).logits, atol=1e-5)
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for `sample_continuations`: one id per character."""
+
+    eos_token_id = 2
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [3 + (ord(c) % (TINY_VOCAB - 3)) for c in text]}
+
+
+def test_sample_continuations_records_and_acceptance(target):
+    texts = ["hello there", "abc", "a longer prompt text"]
+    data = sample_continuations(target, CharTokenizer(), texts, max_new_tokens=6, batch_size=2, seed=0,
+                                capture_layer=2, top_k=8)
+    assert len(data.continuations) == 3 and all(1 <= len(c) <= 6 for c in data.continuations)
+    assert data.num_records == sum(len(c) for c in data.continuations)
+    assert data.hidden.shape == (data.num_records, 48) and data.top_ids.shape == (data.num_records, 8)
+    # the recorded hidden state is the draft's own hidden state after layer 2 (up to float16 rounding)
+    draft = make_draft(target)
+    first = data.record_seq == 0
+    ids = torch.tensor([data.prompts[0] + data.continuations[0]])
+    h = draft.hidden_after_layers(ids, use_cache=False)[0, len(data.prompts[0]) - 1 : -1]
+    assert torch.allclose(data.hidden[first].float(), h, atol=1e-2)
+    acc = acceptance_per_position(target, draft, data, [1.0, 0.6])
+    assert [len(a) for a in acc[1.0]] == [len(c) for c in data.continuations]
+    assert all(((a >= 0) & (a <= 1 + 1e-6)).all() for a in acc[0.6])
+    assert 1.0 <= chain_block_efficiency(acc[1.0], 3) <= 4.0
+
+
+def records(target, k, n_seq=24, length=12, top_k=TINY_VOCAB, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, TINY_VOCAB, (n_seq, length), generator=gen)
+    with torch.no_grad():
+        hidden = SelfDraft(target, SelfDraftConfig(layers=k, int8=False)).hidden_after_layers(ids, use_cache=False)
+        top_lp, top_id = torch.log_softmax(target(input_ids=ids).logits, -1).topk(top_k, -1)
+    return RecordDataset(hidden.reshape(-1, 48).half(), top_id.reshape(-1, top_k), top_lp.reshape(-1, top_k))
+
+
+def test_training_reduces_kl(target):
+    train, val = records(target, 2, seed=0), records(target, 2, seed=1)
+    subset = rank_vocabulary(train.top_ids, train.top_logp, TINY_VOCAB, 48, always=[2])
+    assert subset.numel() == 48 and 2 in subset.tolist()
+    draft = SelfDraft(target, SelfDraftConfig(layers=2, adapter_width=32, int8=False), vocab_subset=subset)
+    from models.draft_training import DraftDistillation
+
+    probe = DraftDistillation(draft, DistillHParams())
+    before = distill_terms(draft, probe.pos_in_subset, val.hidden.float(), val.top_ids, val.top_logp)
+    target_before = [p.clone() for p in target.parameters()]
+    fit_draft(draft, DistillDataModule(train, val, batch_size=64), DistillHParams(lr=3e-3, max_steps=150, warmup_steps=5),
+              val_every=30)
+    after = distill_terms(draft, probe.pos_in_subset, val.hidden.float(), val.top_ids, val.top_logp)
+    assert after[0] < 0.9 * before[0] and after[1] > before[1], (before, after)
+    assert all(torch.equal(a, b) for a, b in zip(target_before, target.parameters(), strict=True))
+
+
+def test_sampled_softmax_is_exact_when_negatives_cover_the_rest(target):
+    data = records(target, 2, n_seq=4, length=6, top_k=8)
+    draft = make_draft(target)
+    from models.draft_training import DraftDistillation
+
+    pos = DraftDistillation(draft, DistillHParams()).pos_in_subset
+    batch = (data.hidden.float(), data.top_ids, data.top_logp)
+    exact = distill_terms(draft, pos, *batch, negatives=0)
+    sampled = distill_terms(draft, pos, *batch, negatives=SUBSET.numel() - 1)  # all of S \ U
+    assert torch.allclose(torch.stack(exact), torch.stack(sampled), atol=1e-5)
+
+
+def test_output_hidden_states(target):
+    draft = make_draft(target)
+    out = draft(input_ids=torch.randint(0, TINY_VOCAB, (1, 4)), output_hidden_states=True)
+    assert out.hidden_states[-1].shape == (1, 4, 48)
