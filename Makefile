@@ -22,8 +22,9 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 # The main job on the embedded default pair: the DVC pipeline, then one decoded prompt.
+# (dvc runs each stage's `branchpoint ...` command, so the venv's bin goes first on PATH.)
 main: setup
-	$(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 	$(BIN)/branchpoint decode
 
 # Fast suite (CI): everything but tests marked slow.

@@ -25,3 +25,27 @@ def test_no_installed_distribution_claims_our_names():
         top = dist.read_text("top_level.txt") or ""
         clash = ours & set(top.split())
         assert not clash, f"distribution {dist.metadata['Name']} also installs {clash}"
+
+
+# Each layer imports only the layers below it (docs/architecture.md).
+FORBIDDEN = {
+    "decoding": {"models", "data_collection", "pipeline", "export"},
+    "models": {"data_collection", "pipeline", "export"},
+    "data_collection": {"pipeline", "export"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layers_import_only_layers_below(layer):
+    import ast
+
+    bad = []
+    for path in (ROOT / layer).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in FORBIDDEN[layer]]
+    assert not bad, f"{layer} imports layers above it: {bad}"

@@ -1,0 +1,30 @@
+"""Stage train_draft end to end on the embedded SmolLM2, shrunk to a smoke run (about a minute)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from models.loading import load_pair
+
+
+@pytest.mark.integration
+def test_train_draft_stage_writes_a_loadable_artifact_and_metrics(tmp_path):
+    out, metrics = tmp_path / "draft", tmp_path / "draft.json"
+    overrides = {
+        "prompts.max_prompts": 2, "train_draft.max_new_tokens": 8, "train_draft.steps": 6,
+        "train_draft.val_every": 3, "train_draft.warmup_steps": 2, "train_draft.batch_size": 16,
+        "train_draft.eval_max_new_tokens": 8, "train_draft.timing_reps": 2,
+        "train_draft.out": out, "train_draft.metrics": metrics,
+        "train_draft.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    args = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "train-draft", *args],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = json.loads(metrics.read_text())
+    for key in ("acceptance_test_T1.0", "acceptance_test_T0.6", "step_time_ratio"):
+        assert 0.0 <= values[key] <= 1.0, (key, values[key])
+    pair = load_pair("embedded:smollm2-135m-instruct", f"self_draft:{out}", device="cpu")
+    assert pair.vocab_size == 49152 and pair.describe()["draft"]["layers"] == 6
