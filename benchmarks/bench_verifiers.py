@@ -5,7 +5,11 @@ q so acceptance rates are realistic), the default space (324 actions, union tree
 ONE thread. Measures (median of repeats, milliseconds):
 - OT labels: all 324 actions x the OT methods of ot.py (naive, nss, naive_tree, specinfer, spectr)
   for one union tree; target < 50 ms. Also with p_rows validation on, per root (s = 4 union trees),
-  each method alone, khisti (LP tournament, outside the target), and float32 rows.
+  each method alone, khisti alone (LP tournament), and float32 rows.
+- All OT labels including khisti (``ot_labels_all_methods_incl_khisti_ms``): the same union tree,
+  the methods above plus khisti in one call; its own target < 50 ms. khisti's label path builds its
+  tournaments afresh on every call (no results are cached between repeats; only scratch buffers are
+  reused), so repeats measure the cold cost.
 Each timing: median wall ms, median CPU ms of this process, best wall ms; pass/fail uses CPU time.
 - Traversal labels for one union tree: exact (schedule) and by 64 repeated verifications per
   action; target < 1 s for the 64-repeat estimate.
@@ -35,7 +39,9 @@ from decoding.union_tree import UnionTree, union_from_tokens, union_layout  # no
 
 VOCAB = 49152
 OT_NAMES = ["naive", "nss", "naive_tree", "specinfer", "spectr"]
+ALL_OT_NAMES = [*OT_NAMES, "khisti"]  # every OT-based method, khisti included
 TARGET_OT_MS = 50.0
+TARGET_ALL_OT_MS = 50.0
 TARGET_TRAVERSAL_S = 1.0
 OUT = Path(__file__).parent / "results" / "verifiers.json"
 
@@ -94,7 +100,9 @@ def main() -> dict:
             timings[f"ot_labels_only_{name}_ms"] = _median_ms(lambda n=name: union_labels(union, p_rows, [n], validate=False), 9)
         if "khisti" in METHODS:
             timings["khisti_labels_one_union_tree_ms"] = _median_ms(
-                lambda: union_labels(union, p_rows, ["khisti"], validate=False), 3)
+                lambda: union_labels(union, p_rows, ["khisti"], validate=False), 9)
+            timings["ot_labels_all_methods_incl_khisti_ms"] = _median_ms(
+                lambda: union_labels(union, p_rows, ALL_OT_NAMES, validate=False), 15)
         if "traversal" in METHODS:
             rng = np.random.default_rng(0)
             timings["traversal_labels_exact_ms"] = _median_ms(
@@ -104,7 +112,11 @@ def main() -> dict:
     res["load_average_1min"] = round(os.getloadavg()[0], 2)
     res["cpu_count"] = os.cpu_count()
     res["timings"] = timings
-    res["targets"] = {"ot_labels_one_union_tree_ms": TARGET_OT_MS, "traversal_labels_64_repeats_ms": TARGET_TRAVERSAL_S * 1e3}
+    res["targets"] = {"ot_labels_one_union_tree_ms": TARGET_OT_MS,
+                      "ot_labels_all_methods_incl_khisti_ms": TARGET_ALL_OT_MS,
+                      "traversal_labels_64_repeats_ms": TARGET_TRAVERSAL_S * 1e3}
+    res["ot_methods"] = OT_NAMES
+    res["ot_methods_incl_khisti"] = ALL_OT_NAMES
     res["pass_metric"] = ("median CPU time of this single-threaded process (wall time is reported too; "
                           "it exceeds CPU time when the machine is shared, see load_average_1min)")
     res["pass"] = {k: bool(timings[k]["cpu_ms"] < target) for k, target in res["targets"].items() if k in timings}

@@ -4,10 +4,10 @@ the induced selection law q_I, the K = 1 reduction, the LP-failure fallback and 
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy.optimize import linprog
 
 import decoding.verifiers.khisti as khisti_module
 from decoding.actions import Action
@@ -22,7 +22,7 @@ from decoding.exact import (
 )
 from decoding.verifiers import get_method
 from decoding.verifiers.khisti import KhistiSolver, pair_selection, tournament
-from decoding.verifiers.ot import NaiveTreeSolver, OTMethod
+from decoding.verifiers.ot import NaiveTreeSolver, OTMethod, first_occurrence
 
 SHAPES = [Action(k, l1, l2) for l1 in range(4) for l2 in range(4 - l1) for k in (1, 2, 3)
           if l2 > 0 or k == 1]  # every delayed tree with L1 + L2 <= 3, K <= 3
@@ -138,7 +138,7 @@ def test_sampling_matches_output_distribution():
 
 
 def test_lp_failure_falls_back_to_naive_tree(monkeypatch):
-    monkeypatch.setattr(khisti_module, "linprog", lambda *a, **k: SimpleNamespace(status=2, x=None))
+    monkeypatch.setattr(khisti_module, "solve_pair_lp", lambda *a, **k: None)
     rng = np.random.default_rng(2)
     p, q = random_pair(5, rng)
     solver, naive = KhistiSolver(), NaiveTreeSolver()
@@ -184,15 +184,107 @@ def test_tournament_cache_is_history_independent(monkeypatch):
     warm = KhistiSolver()
     warm.tournament(p, q, 2)
     assert np.array_equal(warm.tournament(p, q, 4).q_I, KhistiSolver().tournament(p, q, 4).q_I)
-    real, calls = khisti_module.linprog, []
+    real, calls = khisti_module.solve_pair_lp, []
 
     def fail_second(*args, **kwargs):
         calls.append(1)
-        return real(*args, **kwargs) if len(calls) == 1 else SimpleNamespace(status=4, x=None)
+        return real(*args, **kwargs) if len(calls) == 1 else None
 
-    monkeypatch.setattr(khisti_module, "linprog", fail_second)
+    monkeypatch.setattr(khisti_module, "solve_pair_lp", fail_second)
     solver = KhistiSolver()
     assert solver.tournament(p, q, 3) is None
     assert solver.tournament(p, q, 2) is not None
     assert solver.tournament(p, q, 4) is None
     assert len(calls) == 2
+
+
+def linprog_pair_lp(base: np.ndarray, p_top: np.ndarray, mass: np.ndarray) -> float:
+    """Optimal value of the pair LP (module docstring) by scipy's linprog (HiGHS), as a reference."""
+    s = base.shape[0]
+    pairs = [(i, j) for i in range(s) for j in range(i + 1, s)]
+    a_ub = np.zeros((s, len(pairs) + s))  # row i: z_i + sum_j>i v_ij m_ij - sum_j<i v_ji m_ji <= base_i
+    for col, (i, j) in enumerate(pairs):
+        a_ub[i, col], a_ub[j, col] = mass[i, j], -mass[i, j]
+    a_ub[np.arange(s), len(pairs) + np.arange(s)] = 1.0
+    cost = np.concatenate([np.zeros(len(pairs)), -np.ones(s)])
+    bounds = [(0.0, 1.0)] * len(pairs) + [(0.0, float(x)) for x in p_top]
+    res = linprog(cost, A_ub=a_ub, b_ub=base, bounds=bounds, method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def flow_value(base, p_top, mass, v) -> float:
+    moved = v * mass  # [s, s] mass moved from i to j > i
+    return float(np.minimum(p_top, base - moved.sum(axis=1) + moved.sum(axis=0)).sum())
+
+
+def test_pair_lp_solver_matches_linprog():
+    """The max-flow solver reaches the LP optimum (= HiGHS's value) with 0 <= v <= 1, on random LPs
+    built like the real ones (base_i >= mass to worse tokens) and on the LPs of real pair selections."""
+    rng = np.random.default_rng(12)
+    for _ in range(300):
+        s = int(rng.integers(2, 16))
+        mass = np.triu(rng.random((s, s)) * rng.random() * (rng.random((s, s)) < 0.8), 1)
+        base = mass.sum(axis=1) + rng.random(s) * rng.random()
+        p_top = rng.random(s) * rng.random() * (rng.random(s) < 0.9)
+        v = khisti_module.solve_pair_lp(base, p_top, mass)
+        assert v is not None and np.all((v >= 0) & (v <= 1))
+        assert abs(flow_value(base, p_top, mass, v) - linprog_pair_lp(base, p_top, mass)) < 1e-12
+    assert khisti_module.solve_pair_lp(np.array([np.nan, 1.0]), np.ones(2), np.triu(np.ones((2, 2)), 1)) is None
+    for _ in range(40):
+        p, q = random_pair(int(rng.integers(3, 30)), rng, zero_frac=0.2)
+        q1 = tournament(p, q, 2, top_s=15).q_I if rng.random() < 0.5 else q
+        sel = pair_selection(p, q1, q, top_s=int(rng.integers(2, 16)))
+        s, order = sel.top_s, sel.order
+        q1s, q2s = q1[order], q[order]
+        t1, t2 = q1s[::-1].cumsum()[::-1] - q1s, q2s[::-1].cumsum()[::-1] - q2s
+        base = q1s * q2s + q1s * t2 + t1 * q2s
+        mass = np.triu(np.outer(q1s[:s], q2s[:s]) + np.outer(q2s[:s], q1s[:s]), 1)
+        got = np.minimum(p[order[:s]], sel.q_I[order[:s]]).sum()
+        assert abs(got - linprog_pair_lp(base[:s], p[order[:s]], mass)) < 1e-12
+
+
+def test_ranking_is_the_stable_order_with_ties_by_token_id():
+    """The fast sorts (packed float sort for stage 1, hinted timsort for later stages) give exactly
+    the rank order of a stable argsort of -(p - q1*q2), also with many ties and exact zeros."""
+    rng = np.random.default_rng(13)
+    for trial in range(200):
+        V = int(rng.integers(2, 3000))
+        p, q = random_pair(V, rng, zero_frac=0.4)
+        if trial % 2:  # coarse values: many exact ties
+            p, q = np.round(p * 8) / 8, np.round(q * 8) / 8
+            p[0] += 1.0 - p.sum()
+            q[-1] += 1.0 - q.sum()
+            p, q = np.abs(p), np.abs(q)
+            p, q = p / p.sum(), q / q.sum()
+        tour = tournament(p, q, 4, top_s=int(rng.integers(1, 6)))
+        q1 = q
+        for stage in tour.stages:
+            assert np.array_equal(stage.order, np.argsort(-(p - q1 * q), kind="stable"))
+            q1 = stage.q_I
+
+
+def test_branch_weights_equal_output_distribution(monkeypatch):
+    """The label path's batched weights are output_distribution at the children (first copies only),
+    for every K, also when LPs fail (naive_tree from the failing stage on): failures are decided by
+    the LP's content, so both paths see the same ones."""
+    rng = np.random.default_rng(14)
+    real = khisti_module.solve_pair_lp
+    for fail in (False, True):
+        if fail:
+            monkeypatch.setattr(khisti_module, "solve_pair_lp", lambda base, p_top, mass: (
+                None if int(base.sum() * 1e6) % 2 else real(base, p_top, mass)))
+        for _ in range(30):
+            V, J, kmax = int(rng.integers(2, 9)), 3, 4
+            pairs = [random_pair(V, rng) for _ in range(J)]
+            P, Q = np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
+            T = np.array([rng.choice(np.flatnonzero(Q[j] > 0), size=kmax) for j in range(J)])
+            solver = KhistiSolver(top_s=int(rng.integers(1, 6)))
+            got = solver.branch_weights(P, Q, T)
+            ref = np.zeros_like(got)
+            first = first_occurrence(T)
+            for j in range(J):
+                for k in range(1, kmax + 1):
+                    out = solver.output_distribution(P[j], Q[j], [int(t) for t in T[j, :k]])
+                    ref[j, k - 1, :k] = np.where(first[j, :k], out[T[j, :k]], 0.0)
+            assert np.abs(got - ref).max() < 1e-12

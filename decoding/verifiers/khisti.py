@@ -17,6 +17,14 @@ Terms (ALGORITHMS.md sections 3.1 and 3.1b):
   the residual norm((p - q_I)+). Since Y ~ q_I, the emitted token is distributed as p (lossless).
 - fallback: if any LP of the tournament fails, the node uses `naive_tree` (standard speculative
   sampling of X1 against q; exact), never an approximate q_I.
+- LP solver: the spec names scipy's linprog (HiGHS); its call overhead (~3-5 ms) dwarfed the tiny LP,
+  so `solve_pair_lp` solves the same LP exactly as a maximum flow (see there); tests compare its
+  optimum with linprog's. It "fails" (-> fallback) on non-finite input.
+- speed (V ~ 50k): stage 1 ranks all tokens with a packed float sort; later stages re-sort the
+  previous stage's rank order (nearly sorted for the new keys) with a stable timsort; ties are always
+  put in token-id order explicitly, so the ranking is exactly that of a stable argsort by
+  -(p - q1*q2). The label path (`KhistiSolver.branch_weights`) runs one tournament per branch row for
+  all K, in reusable buffers, and evaluates the emitted law only at the children.
 
 `KhistiSolver` implements the per-node solver protocol of the OT verifiers: `sample` draws the emitted
 token, `output_distribution` gives its exact law given the realized children (summing over the
@@ -26,14 +34,16 @@ tournament's selection randomness and the speculative step).
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
-from scipy.optimize import linprog
 
 from ..probability import acceptance, categorical, check_distribution, residual
+from .khisti_numerics import StageBuffers, fix_ties, full_order, solve_pair_lp
 
 DEFAULT_TOP_S = 5
 MAX_TOP_S = 15
@@ -42,18 +52,48 @@ _CACHE_SIZE = 16
 
 @dataclass(frozen=True)
 class PairSelection:
-    """Pairwise selection between a candidate of law q1 (first) and one of law q2 (second)."""
+    """Pairwise selection between a candidate of law q1 (first) and one of law q2 (second).
 
-    rank: np.ndarray  # [V] int64: rank of each token by p - q1*q2 (0 = best)
+    Arrays marked "rank order" are indexed by rank (0 = best), i.e. they are the token-order arrays
+    taken at ``order``; the token-order views ``rank`` and ``q_I`` are built on first use."""
+
+    order: np.ndarray  # [V] int64: tokens best first (by p - q1*q2 descending, ties by token id)
     top_s: int  # |Omega1|: tokens of rank < top_s are selected by the LP weights
     w: np.ndarray  # [s, s] float64: w[i, j] (i < j) = P(select rank i | distinct candidates of ranks i, j)
-    q_I: np.ndarray  # [V] float64: law of the selected token
+    q_I_sorted: np.ndarray  # [V] float64, rank order: law of the selected token
+    key_sorted: np.ndarray  # [V] float64, rank order: q1*q2 - p (ascending)
+    p_sorted: np.ndarray  # [V] float64, rank order: target p
+    q2_sorted: np.ndarray  # [V] float64, rank order: law of the second candidate
 
-    def choice_law(self, a: int, b: int) -> list[tuple[int, float]]:
-        """Law of the selected token given the realized candidates a (first) and b (second)."""
+    @cached_property
+    def rank(self) -> np.ndarray:
+        """[V] int64: rank of each token (0 = best)."""
+        rank = np.empty(self.order.shape[0], dtype=np.int64)
+        rank[self.order] = np.arange(self.order.shape[0])
+        return rank
+
+    @cached_property
+    def q_I(self) -> np.ndarray:
+        """[V] float64: law of the selected token, in token order."""
+        q_I = np.empty(self.order.shape[0])
+        q_I[self.order] = self.q_I_sorted
+        return q_I
+
+    def rank_of(self, token: int, key: float) -> int:
+        """Rank of ``token`` whose key q1*q2 - p (computed as in the ranking) is ``key``: O(log V)."""
+        lo = int(np.searchsorted(self.key_sorted, key, side="left"))
+        hi = int(np.searchsorted(self.key_sorted, key, side="right"))
+        if hi - lo == 1:
+            return lo
+        return lo + int(np.flatnonzero(self.order[lo:hi] == token)[0])
+
+    def choice_law(self, a: int, b: int, ra: int | None = None, rb: int | None = None) -> list[tuple[int, float]]:
+        """Law of the selected token given the realized candidates a (first) and b (second);
+        ``ra``, ``rb``: their ranks when already known."""
         if a == b:
             return [(a, 1.0)]
-        ra, rb = int(self.rank[a]), int(self.rank[b])
+        ra = int(self.rank[a]) if ra is None else ra
+        rb = int(self.rank[b]) if rb is None else rb
         better, worse = (a, b) if ra < rb else (b, a)
         i, j = min(ra, rb), max(ra, rb)
         if j >= self.top_s:
@@ -77,63 +117,106 @@ class Tournament:
     q_I: np.ndarray  # [V] float64: law of the final winner (q itself when k = 1)
 
 
-def pair_selection(p: np.ndarray, q1: np.ndarray, q2: np.ndarray, top_s: int) -> PairSelection | None:
-    """Solve the pairwise selection LP for candidates X1 ~ q1, X2 ~ q2; None if the LP fails."""
-    V = p.shape[0]
-    order = np.argsort(-(p - q1 * q2), kind="stable")  # [V] tokens best first; ties by token id
-    rank = np.empty(V, dtype=np.int64)
-    rank[order] = np.arange(V)
-    q1s, q2s = q1[order], q2[order]  # [V] laws in rank order
-    t1 = np.append(np.cumsum(q1s[::-1])[::-1][1:], 0.0)  # [V] q1-mass ranked strictly worse
-    t2 = np.append(np.cumsum(q2s[::-1])[::-1][1:], 0.0)
-    base = q1s * q2s + q1s * t2 + t1 * q2s  # [V] law when the better-ranked token always wins
+def _select_sorted(order: np.ndarray, key_s: np.ndarray, p_s: np.ndarray, q1_s: np.ndarray, q2_s: np.ndarray,
+                   top_s: int, q_I_s: np.ndarray, buf: StageBuffers) -> PairSelection | None:
+    """The pair selection given the rank order and the arrays taken in that order; q_I goes to q_I_s."""
+    V = order.shape[0]
+    if q2_s is q1_s:
+        t1 = t2 = np.cumsum(q1_s[:0:-1], out=buf.t1)[::-1]  # [V-1] t1[r] = q1-mass ranked worse than rank r
+    else:  # both suffix sums in one pass (complex addition adds the parts separately: same values)
+        both = buf.c1
+        both.real[:] = q1_s[:0:-1]
+        both.imag[:] = q2_s[:0:-1]
+        np.cumsum(both, out=buf.c2)
+        t1, t2 = buf.c2.real[::-1], buf.c2.imag[::-1]
+    base = np.multiply(q1_s, q2_s, out=q_I_s)  # [V] law when the better-ranked token always wins
+    prod = buf.prod[:-1]
+    base[:-1] += np.multiply(q1_s[:-1], t2, out=prod)
+    base[:-1] += np.multiply(t1, q2_s[:-1], out=prod)
     s = min(top_s, V)
-    pairs = [(i, j) for i in range(s) for j in range(i + 1, s)]
-    mass = np.array([q1s[i] * q2s[j] + q1s[j] * q2s[i] for i, j in pairs])  # [P] P({X1, X2} = {i, j})
+    a1, a2 = q1_s[:s].tolist(), q2_s[:s].tolist()
+    mass = np.zeros((s, s))  # [s, s] P({X1, X2} = {i, j}) for i < j
+    for i in range(s):
+        for j in range(i + 1, s):
+            mass[i, j] = a1[i] * a2[j] + a2[i] * a1[j]
     w = np.ones((s, s))
-    if pairs:
-        # Variables: v = 1 - w per pair (mass moved from the better to the worse token), then z (s).
-        n_pair = len(pairs)
-        a_ub = np.zeros((s, n_pair + s))  # row i: z_i + sum_j>i v_ij m_ij - sum_j<i v_ji m_ji <= base_i
-        for col, (i, j) in enumerate(pairs):
-            a_ub[i, col] = mass[col]
-            a_ub[j, col] = -mass[col]
-        a_ub[np.arange(s), n_pair + np.arange(s)] = 1.0
-        cost = np.concatenate([np.zeros(n_pair), -np.ones(s)])
-        bounds = [(0.0, 1.0)] * n_pair + [(0.0, float(p[order[i]])) for i in range(s)]
-        try:
-            res = linprog(cost, A_ub=a_ub, b_ub=base[:s], bounds=bounds, method="highs")
-        except ValueError:
+    if s > 1:
+        v = solve_pair_lp(base[:s], p_s[:s], mass)
+        if v is None:
             return None
-        if res.status != 0 or res.x is None:
-            return None
-        v = np.clip(res.x[:n_pair], 0.0, 1.0)
-        v[v < 1e-12] = 0.0  # snap solver noise; q_I below is exact for whatever w is used
+        v[v < 1e-12] = 0.0  # snap float noise; q_I below is exact for whatever w is used
         v[v > 1.0 - 1e-12] = 1.0
-        for col, (i, j) in enumerate(pairs):
-            w[i, j] = 1.0 - v[col]
+        w = np.triu(1.0 - v, 1) + np.tril(w)
     # Omega1 laws as sums of nonnegative terms (no cancellation): own pair, pairs with Omega2, Omega1 pairs.
-    r1, r2 = q1s[s:].sum(), q2s[s:].sum()
-    base[:s] = q1s[:s] * q2s[:s] + q1s[:s] * r2 + r1 * q2s[:s]
-    for col, (i, j) in enumerate(pairs):
-        base[i] += w[i, j] * mass[col]
-        base[j] += (1.0 - w[i, j]) * mass[col]
-    q_I = np.empty(V)
-    q_I[order] = base
-    return PairSelection(rank=rank, top_s=s, w=w, q_I=q_I)
+    r1, r2 = float(q1_s[s:].sum()), float(q2_s[s:].sum())
+    top = [a1[i] * a2[i] + a1[i] * r2 + r1 * a2[i] for i in range(s)]
+    wl, ml = w.tolist(), mass.tolist()
+    for i in range(s):
+        for j in range(i + 1, s):
+            top[i] += wl[i][j] * ml[i][j]
+            top[j] += (1.0 - wl[i][j]) * ml[i][j]
+    base[:s] = top
+    return PairSelection(order=order, top_s=s, w=w, q_I_sorted=base, key_sorted=key_s, p_sorted=p_s, q2_sorted=q2_s)
+
+
+def pair_selection(p: np.ndarray, q1: np.ndarray, q2: np.ndarray, top_s: int,
+                   _buf: StageBuffers | None = None, _m: int = 0) -> PairSelection | None:
+    """Solve the pairwise selection LP for candidates X1 ~ q1, X2 ~ q2; None if the LP fails.
+
+    (``_buf``/``_m``: internal; the stage's arrays are then the reusable buffer set ``_m``, valid until
+    that set is reused. Without ``_buf`` the stage owns fresh arrays.)"""
+    buf = StageBuffers(p.shape[0]) if _buf is None else _buf
+    dst = buf.out(_m)
+    neg = np.multiply(q1, q2, out=buf.neg)
+    neg -= p  # [V] -(p - q1*q2): ascending = best first
+    order = full_order(neg, dst["order"], buf)  # [V] tokens best first; ties by token id
+    key_s, p_s = np.take(neg, order, out=dst["key"], mode="clip"), np.take(p, order, out=dst["p"], mode="clip")
+    q1_s = np.take(q1, order, out=dst["q1"], mode="clip")
+    q2_s = q1_s if q2 is q1 else np.take(q2, order, out=dst["q2"], mode="clip")
+    sel = _select_sorted(order, key_s, p_s, q1_s, q2_s, top_s, dst["q_I"], buf)
+    return sel
+
+
+def next_stage(prev: PairSelection, top_s: int, _buf: StageBuffers | None = None, _m: int = 1) -> PairSelection | None:
+    """The tournament stage after ``prev``: candidates X1 ~ prev's q_I (the winner so far) and X2 ~ the
+    second law of ``prev`` (the draft q). Same result as ``pair_selection(p, prev.q_I, q2, top_s)``,
+    faster: the new keys differ from ``prev``'s mostly on a few high-q tokens, so ``prev``'s rank order
+    is nearly sorted for them and a stable (tim)sort in that order has little to do."""
+    buf = StageBuffers(prev.order.shape[0]) if _buf is None else _buf
+    dst = buf.out(_m)
+    neg_h = np.multiply(prev.q_I_sorted, prev.q2_sorted, out=buf.neg)
+    neg_h -= prev.p_sorted  # [V] new keys in prev's rank order
+    perm = np.argsort(neg_h, kind="stable")  # ties: prev's rank order, fixed to token ids below
+    key_s = np.take(neg_h, perm, out=dst["key"], mode="clip")
+    order = np.take(prev.order, perm, out=dst["order"], mode="clip")
+    fix = fix_ties(order, key_s, buf.flags)
+    if fix is not None:
+        perm = perm[fix]
+        key_s[:], order[:] = key_s[fix], order[fix]
+    arrays = ((prev.p_sorted, dst["p"]), (prev.q_I_sorted, dst["q1"]), (prev.q2_sorted, dst["q2"]))
+    moved = np.flatnonzero(np.not_equal(perm, buf.arange, out=buf.moved))  # positions that change
+    if moved.shape[0] * 4 < perm.shape[0]:  # few moves (the usual case): copy, then patch those
+        src_pos = perm[moved]
+        for a, out in arrays:
+            np.copyto(out, a)
+            out[moved] = a[src_pos]
+    else:  # ("clip": indices are valid; it only avoids numpy's buffered "raise" mode)
+        for a, out in arrays:
+            np.take(a, perm, out=out, mode="clip")
+    p_s, q1_s, q2_s = dst["p"], dst["q1"], dst["q2"]
+    sel = _select_sorted(order, key_s, p_s, q1_s, q2_s, top_s, dst["q_I"], buf)
+    return sel
 
 
 def tournament(p: np.ndarray, q: np.ndarray, k: int, top_s: int = DEFAULT_TOP_S) -> Tournament | None:
     """Build the k-candidate tournament for target p and draft q; None if any pair LP fails."""
-    stages = []
-    q_w = q
+    stages: list[PairSelection] = []
     for _ in range(2, k + 1):
-        stage = pair_selection(p, q_w, q, top_s)
+        stage = pair_selection(p, q, q, top_s) if not stages else next_stage(stages[-1], top_s)
         if stage is None:
             return None
         stages.append(stage)
-        q_w = stage.q_I
-    return Tournament(stages=tuple(stages), q_I=q_w)
+    return Tournament(stages=tuple(stages), q_I=stages[-1].q_I if stages else q)
 
 
 def _speculative_law(p: np.ndarray, proposal: np.ndarray, selected: dict[int, float]) -> np.ndarray:
@@ -181,6 +264,7 @@ class KhistiSolver:
         self.top_s = top_s
         # content digest of (p, q) -> (stages built so far, True if the next stage's LP failed)
         self._cache: OrderedDict[bytes, tuple[list[PairSelection], bool]] = OrderedDict()
+        self._local = threading.local()  # per-thread scratch buffers of branch_weights
 
     def tournament(self, p: np.ndarray, q: np.ndarray, k: int) -> Tournament | None:
         """The k-candidate tournament for (p, q); None means the node falls back to naive_tree.
@@ -192,7 +276,7 @@ class KhistiSolver:
         key = hashlib.blake2b(p.tobytes() + q.tobytes(), digest_size=16).digest()
         stages, failed = self._cache.pop(key, ([], False))
         while len(stages) < k - 1 and not failed:
-            stage = pair_selection(p, stages[-1].q_I if stages else q, q, self.top_s)
+            stage = next_stage(stages[-1], self.top_s) if stages else pair_selection(p, q, q, self.top_s)
             if stage is None:
                 failed = True
             else:
@@ -203,6 +287,87 @@ class KhistiSolver:
         if len(stages) < k - 1:
             return None
         return Tournament(stages=tuple(stages[: k - 1]), q_I=stages[k - 2].q_I)
+
+    def branch_weights(self, p: np.ndarray, q: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """[J, Kmax, Kmax] label weights (decoding/labels.py): entry (j, K-1, i) is the probability that
+        the node with target p[j], draft q[j] and children tokens[j, :K] emits tokens[j, i] (0 when i >= K
+        or tokens[j, i] repeats an earlier child). Same numbers as ``output_distribution`` (it is the
+        same law), but only at the children: one tournament per row serves every K, its stages stay in
+        rank order, and the children's ranks are found by binary search. No input checks (the label
+        path validates p_rows itself)."""
+        n_rows, kmax = tokens.shape
+        out = np.zeros((n_rows, kmax, kmax))
+        buf = self._buffers(p.shape[-1])
+
+        def res_mass(a: np.ndarray, b: np.ndarray) -> float:  # sum (a - b)+
+            d = np.subtract(a, b, out=buf.prod)
+            return float(np.maximum(d, 0.0, out=d).sum())
+
+        for j in range(n_rows):
+            p64, q64 = np.asarray(p[j], dtype=np.float64), np.asarray(q[j], dtype=np.float64)
+            toks = [int(t) for t in tokens[j]]
+            p_t, q_t = [float(p64[t]) for t in toks], [float(q64[t]) for t in toks]
+            stages: list[PairSelection] = []
+            q1_t = q_t  # law of the current winner at the children
+            law = {toks[0]: 1.0}
+            for k in range(1, kmax + 1):
+                if k > 1:
+                    stage = (next_stage(stages[-1], self.top_s, buf, len(stages)) if stages
+                             else pair_selection(p64, q64, q64, self.top_s, buf, 0))
+                    if stage is None:  # this and every larger K fall back to naive_tree
+                        for kk in range(k, kmax + 1):
+                            out[j, kk - 1] = self._children_law(p64, q64, {toks[0]: 1.0}, toks[:kk], p_t, q_t,
+                                                                res_mass(p64, q64))
+                        break
+                    stages.append(stage)
+                    ranks = [stage.rank_of(t, q1_t[i] * q_t[i] - p_t[i]) for i, t in enumerate(toks)]
+                    new: dict[int, float] = {}
+                    rc = ranks[k - 1]
+                    for winner, prob in law.items():
+                        for tok, c in stage.choice_law(winner, toks[k - 1], ranks[toks.index(winner)], rc):
+                            if c > 0.0:
+                                new[tok] = new.get(tok, 0.0) + prob * c
+                    law = new
+                    q1_t = [float(stage.q_I_sorted[r]) for r in ranks]
+                    mass = res_mass(stage.p_sorted, stage.q_I_sorted)
+                else:
+                    mass = res_mass(p64, q64)
+                out[j, k - 1] = self._children_law(p64, q64, law, toks[:k], p_t, q1_t, mass)
+        return out
+
+    def _buffers(self, V: int) -> StageBuffers:
+        """Scratch arrays for branch_weights, kept between calls (vocabulary size V; one set per thread)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.V != V:
+            buf = self._local.buf = StageBuffers(V)
+        return buf
+
+    @staticmethod
+    def _children_law(p64, q64, law: dict[int, float], toks: list[int], p_t: list[float], prop_t: list[float],
+                      res_mass: float) -> np.ndarray:
+        """[Kmax] ``_speculative_law(p, proposal, law)`` at the children (0 at repeated ones), given p and the
+        proposal at the children and ``res_mass = sum (p - proposal)+``."""
+        kmax = len(p_t)
+        prop = dict(zip(toks, prop_t, strict=False))
+        reject = 1.0
+        emitted = dict.fromkeys(toks, 0.0)
+        for tok, prob in law.items():
+            p_x, q_x = p_t[toks.index(tok)], prop[tok]  # acceptance(p_x, q_x) in Python floats
+            acc = min(p_x / q_x, 1.0) if q_x > 0 else (1.0 if p_x > 0 else 0.0)
+            emitted[tok] += prob * acc
+            reject -= prob * acc
+        row = np.zeros(kmax)
+        seen: set[int] = set()
+        for i, t in enumerate(toks):
+            if t in seen:
+                continue
+            seen.add(t)
+            val = emitted[t]
+            if reject > 0.0:
+                res = max(p_t[i] - prop[t], 0.0) / res_mass if res_mass > 0 else p_t[i]
+                val += reject * res
+            row[i] = val
+        return row
 
     def _prepare(self, p, q, children) -> tuple[np.ndarray, list[int], dict[int, float], np.ndarray]:
         """(p, children, law of the selected token given the children, its proposal law q_I or q)."""
