@@ -118,13 +118,13 @@ def build_tree(action: Action, tokens: np.ndarray, q_rows: np.ndarray) -> DraftT
     return DraftTree(action, tokens, parents, depths, children_lists(parents), np.asarray(q_rows))
 
 
-def sample_tree(action: Action, draft: DistFn, rng: np.random.Generator) -> DraftTree:
-    """Draft the tree of ``action``: trunk token by token, then K independent rollouts, all from q.
+def draft_layout(parents: np.ndarray, draft: DistFn, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Sample every node of a tree layout from q, parents first: ``(tokens [n], q_rows [n, V])``.
 
-    ``draft`` is called once per distinct prefix (memoised within the call). The root's q row is
-    always stored, also when the root is a leaf, so the tree knows its vocabulary size.
+    Node i (i >= 1) is drawn from q(.|root + path(parent)); children of one node are i.i.d. ``draft``
+    is called once per distinct prefix. ``q_rows`` holds the rows of nodes with children and always
+    the root's (also when the root is a leaf, so the tree knows its vocabulary size); leaves get zeros.
     """
-    parents, depths = tree_layout(action)
     n = parents.shape[0]
     cache: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -148,7 +148,14 @@ def sample_tree(action: Action, draft: DistFn, rng: np.random.Generator) -> Draf
             if row.shape != root_q.shape:
                 raise ValueError(f"draft({paths[i]}): vocabulary {row.shape[0]} != {root_q.shape[0]} at the root")
             q_rows[i] = row
-    return DraftTree(action, tokens, parents, depths, children, q_rows)
+    return tokens, q_rows
+
+
+def sample_tree(action: Action, draft: DistFn, rng: np.random.Generator) -> DraftTree:
+    """Draft the tree of ``action``: trunk token by token, then K independent rollouts, all from q."""
+    parents, depths = tree_layout(action)
+    tokens, q_rows = draft_layout(parents, draft, rng)
+    return DraftTree(action, tokens, parents, depths, children_lists(parents), q_rows)
 
 
 def target_rows(tree: DraftTree, target: DistFn | np.ndarray) -> np.ndarray:

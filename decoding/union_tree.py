@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .actions import Action, ActionSpace
-from .probability import categorical, check_distribution
-from .tree import DistFn, DraftTree, children_lists
+from .tree import DistFn, DraftTree, children_lists, draft_layout
 
 
 @dataclass
@@ -85,24 +84,5 @@ def union_from_tokens(space: ActionSpace, tokens: np.ndarray, q_rows: np.ndarray
 def sample_union_tree(space: ActionSpace, draft: DistFn, rng: np.random.Generator) -> UnionTree:
     """Draft the union tree node by node from q (``draft`` called once per distinct prefix)."""
     parents, _, _ = union_layout(space)
-    n = parents.shape[0]
-    cache: dict[tuple[int, ...], np.ndarray] = {}
-
-    def q_of(prefix: tuple[int, ...]) -> np.ndarray:
-        if prefix not in cache:
-            cache[prefix] = check_distribution(draft(prefix), f"draft({prefix})")
-        return cache[prefix]
-
-    paths: list[tuple[int, ...]] = [()]
-    tokens = np.full(n, -1, dtype=np.int64)
-    vocab = q_of(()).shape[0]
-    for i in range(1, n):
-        parent_path = paths[parents[i]]
-        tokens[i] = categorical(q_of(parent_path), rng)
-        paths.append(parent_path + (int(tokens[i]),))
-    children = children_lists(parents)
-    q_rows = np.zeros((n, vocab), dtype=np.float64)  # [n, V]
-    for i in range(n):
-        if children[i] or i == 0:
-            q_rows[i] = q_of(paths[i])
+    tokens, q_rows = draft_layout(parents, draft, rng)
     return union_from_tokens(space, tokens, q_rows)
