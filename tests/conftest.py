@@ -24,3 +24,14 @@ def smollm2_pair():
 
     spec = "embedded:smollm2-135m-instruct"
     return load_pair(spec, spec, device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models are dominated by thread hand-offs on a busy 2-core box: run them on one thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -12,6 +12,8 @@ from decoding.verifiers import METHODS
 
 CHAIN_ONLY = {"naive", "bv"}
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 TREE = Action(3, 1, 3)
 
@@ -20,13 +22,6 @@ def action_for(method: str, tree: Action = TREE) -> Action:
     return Action(1, tree.L1, tree.L2) if method in CHAIN_ONLY else tree
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models are dominated by thread hand-offs on a busy 2-core box: run them on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ the real decode loop (`SpeculativeDecoder.generate`) sample by sample, with lowe
 
 import numpy as np
 import pytest
-import torch
 from engine_helpers import VOCAB, noisy_draft, untied_pair
 from lossless_harness import (
     PrefixOracle,
@@ -40,17 +39,13 @@ TREE, CHAIN = Action(2, 1, 2), Action(1, 1, 2)
 TINY_PROMPT = [5, 9, 33, 12]
 TINY_SAMPLING = Sampling(0.8, 0.95)  # top-p puts zeros into p and q
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def action_for(method: str) -> Action:
     return CHAIN if method in ("naive", "bv") else TREE
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
