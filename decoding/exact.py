@@ -27,6 +27,12 @@ from .verifiers import VerificationMethod, get_method
 Law = dict[tuple[int, ...], float]
 
 
+# Every distinct delayed tree of ALGORITHMS.md section 7: L1 + L2 <= 3, K <= 3 (K is moot when L2 = 0).
+SECTION7_SHAPES: tuple[Action, ...] = tuple(
+    Action(k, l1, l2) for l1 in range(4) for l2 in range(4 - l1) for k in (1, 2, 3) if l2 > 0 or k == 1
+)
+
+
 @lru_cache(maxsize=200_000)
 def _table_rows(vocab: int, seed: int, seq: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, vocab, len(seq), *seq])

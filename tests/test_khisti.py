@@ -12,6 +12,7 @@ from scipy.optimize import linprog
 import decoding.verifiers.khisti as khisti_module
 from decoding.actions import Action
 from decoding.exact import (
+    SECTION7_SHAPES,
     TablePair,
     emitted_law,
     enumerate_trees,
@@ -24,8 +25,7 @@ from decoding.verifiers import get_method
 from decoding.verifiers.khisti import KhistiSolver, pair_selection, tournament
 from decoding.verifiers.ot import NaiveTreeSolver, OTMethod, first_occurrence
 
-SHAPES = [Action(k, l1, l2) for l1 in range(4) for l2 in range(4 - l1) for k in (1, 2, 3)
-          if l2 > 0 or k == 1]  # every delayed tree with L1 + L2 <= 3, K <= 3
+SHAPES = SECTION7_SHAPES  # every delayed tree with L1 + L2 <= 3, K <= 3
 
 
 def random_pair(V: int, rng: np.random.Generator, zero_frac: float = 0.25) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ import pytest
 
 from decoding.actions import Action
 from decoding.exact import (
+    SECTION7_SHAPES,
     TablePair,
     emitted_law,
     enumerate_trees,
@@ -31,8 +32,7 @@ from decoding.verifiers.traversal import (
 
 # ---------------------------------------------------------------- exact enumeration (decoding/exact.py)
 
-SHAPES = [Action(k, l1, l2) for l1 in range(4) for l2 in range(4 - l1) for k in (1, 2, 3)
-          if l2 > 0 or k == 1]  # every delayed tree with L1 + L2 <= 3, K <= 3
+SHAPES = SECTION7_SHAPES  # every delayed tree with L1 + L2 <= 3, K <= 3
 
 
 def trees(action: Action, pair: TablePair, limit: int | None = None):
