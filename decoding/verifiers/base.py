@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -61,6 +61,23 @@ class VerificationMethod(Protocol):
     def expected_block_efficiency(self, tree: DraftTree, p_rows: np.ndarray) -> float:
         """Exact E[accepted + 1] over verification randomness (NotImplementedError if no closed form)."""
         ...
+
+
+class ChainRestricted:
+    """Mixin for registry methods with a ``chains_only`` flag (``naive``, ``bv``): they are defined on
+    chains only (K = 1 or L2 = 0) and point the user to ``tree_alternative`` on branching trees."""
+
+    chains_only: bool
+    name: str
+    tree_alternative: ClassVar[str] = "a tree method"
+
+    def supports(self, tree: DraftTree) -> bool:
+        return not self.chains_only or all(len(c) <= 1 for c in tree.children)
+
+    def _check(self, tree: DraftTree) -> None:
+        if not self.supports(tree):
+            raise ValueError(f"method {self.name!r} is defined on chains only (K = 1 or L2 = 0), got action "
+                             f"{tree.action}; use {self.tree_alternative}")
 
 
 @dataclass(frozen=True)

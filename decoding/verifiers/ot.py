@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from ..probability import acceptance, categorical
 from ..tree import DraftTree
+from .base import ChainRestricted
 from .ratios import RatioTable
 
 
@@ -262,7 +264,7 @@ class SpecTrSolver:
 
 
 @dataclass
-class OTMethod:
+class OTMethod(ChainRestricted):
     """A top-down tree verifier built from a per-node solver.
 
     ``chains_only`` marks methods defined on chains (every node has <= 1 child), e.g. ``naive``.
@@ -275,14 +277,7 @@ class OTMethod:
     description: str = ""
     chain_acceptance: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
     exact_block_efficiency: bool = True
-
-    def supports(self, tree: DraftTree) -> bool:
-        return not self.chains_only or all(len(c) <= 1 for c in tree.children)
-
-    def _check(self, tree: DraftTree) -> None:
-        if not self.supports(tree):
-            raise ValueError(f"method {self.name!r} is defined on chains only (K = 1 or L2 = 0), got action "
-                             f"{tree.action}; use 'naive_tree' or another tree method")
+    tree_alternative: ClassVar[str] = "'naive_tree' or another tree method"
 
     def branching(self, tree: DraftTree, p_rows: np.ndarray, node: int) -> tuple[list[int], np.ndarray]:
         """Branching probabilities at ``node``: (first child node of each distinct child token, B)."""

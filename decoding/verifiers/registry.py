@@ -15,18 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from ..tree import DraftTree
 from . import traversal
-from .base import VerificationMethod
+from .base import ChainRestricted, VerificationMethod
 from .khisti import KhistiSolver
 from .ot import OTMethod, make_ot_methods, standard_chain_acceptance
 
 
 @dataclass
-class BottomUpMethod:
+class BottomUpMethod(ChainRestricted):
     """A verifier given by plain functions (Traversal / Block Verification): no branching
     probabilities, so block efficiency is estimated by repeated verification (labels.py)."""
 
@@ -39,18 +40,11 @@ class BottomUpMethod:
     block_efficiency_mc_fn: Callable[..., tuple[float, float]] | None = None
     chains_only: bool = False
     description: str = ""
+    tree_alternative: ClassVar[str] = "'traversal' on trees"
 
     @property
     def exact_block_efficiency(self) -> bool:
         return self.block_efficiency_fn is not None
-
-    def supports(self, tree: DraftTree) -> bool:
-        return not self.chains_only or all(len(c) <= 1 for c in tree.children)
-
-    def _check(self, tree: DraftTree) -> None:
-        if not self.supports(tree):
-            raise ValueError(f"method {self.name!r} is defined on chains only (K = 1 or L2 = 0), got action "
-                             f"{tree.action}; use 'traversal' on trees")
 
     def verify(self, tree, p_rows, rng):
         self._check(tree)
