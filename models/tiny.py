@@ -1,6 +1,6 @@
-"""Tiny random-weight draft/target pair for unit tests.
+"""Tiny random-weight LMs and a tokenizer for unit tests.
 
-Both models are Llama-architecture `LlamaForCausalLM`s built from a config (no download), sharing one
+Models are Llama-architecture `LlamaForCausalLM`s built from a config (no download) over one
 vocabulary, so every code path that runs on a real pair (tree attention, KV caches, sampling) runs here
 in milliseconds. The weights are random: distributions are arbitrary but valid, which is all that
 losslessness tests need.
@@ -39,11 +39,6 @@ def tiny_lm(num_layers: int, seed: int, hidden: int = 32, vocab: int = TINY_VOCA
     with torch.no_grad():
         model.lm_head.weight.mul_(4.0)
     return model.eval()
-
-
-def tiny_pair(seed: int = 0) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
-    """(target, draft): a 4-layer target and a 1-layer draft over the same vocabulary."""
-    return tiny_lm(4, seed, hidden=48), tiny_lm(1, seed + 1, hidden=32)
 
 
 def tiny_tokenizer(vocab: int = TINY_VOCAB, rename: dict[int, str] | None = None):

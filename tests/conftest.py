@@ -10,14 +10,6 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def tiny_pair():
-    """(target, draft) random-weight Llama LMs over a 64-token vocabulary."""
-    from models.tiny import tiny_pair as build
-
-    return build(seed=0)
-
-
-@pytest.fixture(scope="session")
 def smollm2_pair():
     """The embedded default target, loaded once per session (dequantized and cached on first use)."""
     from models.loading import load_pair

@@ -1,5 +1,5 @@
-"""Model pairs for the engine tests (built here: the tiny pair of models/tiny.py ties its embeddings, so
-its greedy continuation just repeats the last token, which would make greedy tests trivial)."""
+"""Model pairs for the engine tests: untied heads (a tiny random LM with tied embeddings greedily repeats
+its last token, which would make greedy tests trivial) and drafts that are noisy copies of the target."""
 
 from __future__ import annotations
 
