@@ -1,4 +1,4 @@
-"""Delayed tree expansion and lossless tree verification (pure numpy, no language model).
+"""Delayed tree expansion and lossless tree verification (numpy, a few numba loops; no language model).
 
 Stable reference interface (external checks call it):
 

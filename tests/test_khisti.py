@@ -22,7 +22,8 @@ from decoding.exact import (
     tree_p_rows,
 )
 from decoding.verifiers import get_method
-from decoding.verifiers.khisti import KhistiSolver, pair_selection, tournament
+from decoding.verifiers.khisti import KhistiSolver, next_stage, pair_selection, tournament
+from decoding.verifiers.khisti_numerics import StageBuffers, hinted_sort
 from decoding.verifiers.ot import NaiveTreeSolver, OTMethod, first_occurrence
 
 SHAPES = SECTION7_SHAPES  # every delayed tree with L1 + L2 <= 3, K <= 3
@@ -245,8 +246,9 @@ def test_pair_lp_solver_matches_linprog():
 
 
 def test_ranking_is_the_stable_order_with_ties_by_token_id():
-    """The fast sorts (packed float sort for stage 1, hinted timsort for later stages) give exactly
-    the rank order of a stable argsort of -(p - q1*q2), also with many ties and exact zeros."""
+    """The fast sorts (packed float sort for stage 1, insertion sort from the previous stage's order for
+    later stages) give exactly the rank order of a stable argsort of -(p - q1*q2), also with many ties
+    and exact zeros."""
     rng = np.random.default_rng(13)
     for trial in range(200):
         V = int(rng.integers(2, 3000))
@@ -262,6 +264,70 @@ def test_ranking_is_the_stable_order_with_ties_by_token_id():
         for stage in tour.stages:
             assert np.array_equal(stage.order, np.argsort(-(p - q1 * q), kind="stable"))
             q1 = stage.q_I
+
+
+def tied_pair(V: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(p, q) on a coarse grid: many exact ties among the keys, and exact zeros."""
+    p, q = random_pair(V, rng, zero_frac=0.4)
+    p, q = np.round(p * 8) / 8, np.round(q * 8) / 8
+    p[0], q[-1] = p[0] + 1.0, q[-1] + 1.0  # keeps a positive entry; renormalized below
+    return p / p.sum(), q / q.sum()
+
+
+def test_stage_pass_matches_the_definitions():
+    """Each stage's compiled pass equals a plain numpy evaluation of the definitions, to the last bit
+    where the arithmetic is the same: the sorted keys, q_I on Omega2 from suffix sums (reversed
+    cumsums), the next stage's keys, the residual mass sum (p - q_I)+; stages built in place (the label path) equal
+    stages built on copies (the reference path)."""
+    rng = np.random.default_rng(15)
+    for trial in range(150):
+        V = int(rng.integers(2, 600))
+        p, q = tied_pair(V, rng) if trial % 2 else random_pair(V, rng, zero_frac=0.3)
+        top_s = int(rng.integers(1, 16))
+        tour = tournament(p, q, 4, top_s=top_s)
+        in_place = [pair_selection(p, q, q, top_s, StageBuffers(V))]
+        q1 = q
+        for m, stage in enumerate(tour.stages):
+            order, s = np.argsort(-(p - q1 * q), kind="stable"), stage.top_s
+            q1s, q2s, ps = q1[order], q[order], p[order]
+            t1 = np.append(np.cumsum(q1s[:0:-1])[::-1], 0.0)  # q1-mass ranked worse
+            t2 = np.append(np.cumsum(q2s[:0:-1])[::-1], 0.0)
+            assert np.array_equal(stage.order, order) and np.array_equal(stage.key_sorted, q1s * q2s - ps)
+            assert np.array_equal(stage.q_I_sorted[s:], (q1s * q2s + q1s * t2 + t1 * q2s)[s:])
+            assert np.array_equal(stage.next_keys, stage.q_I_sorted * q2s - ps)
+            assert abs(stage.residual_mass - np.maximum(p - stage.q_I, 0.0).sum()) < 1e-14
+            assert abs(stage.q_I.sum() - 1.0) < 1e-12
+            if m > 0:
+                in_place.append(next_stage(in_place[-1], top_s, in_place=True))
+            fast = in_place[-1]
+            assert np.array_equal(fast.order, stage.order) and np.array_equal(fast.q_I_sorted, stage.q_I_sorted)
+            assert np.array_equal(fast.next_keys, stage.next_keys) and fast.residual_mass == stage.residual_mass
+            q1 = stage.q_I
+
+
+@pytest.mark.parametrize("start", ["nearly_sorted", "reversed"])
+def test_hinted_sort_orders_by_key_then_token(start):
+    """The insertion sort (nearly sorted start) and its fallback, a full sort once the moves exceed
+    4 V (reversed start), give the order by (key, token id) and carry the payload arrays along."""
+    rng = np.random.default_rng(16)
+    V = 2000
+    keys = np.round(rng.standard_normal(V) * 4) / 4  # many exact ties
+    keys[rng.random(V) < 0.2] = 0.0
+    order = rng.permutation(V)
+    by_key = np.lexsort((order, keys))
+    if start == "nearly_sorted":
+        start_pos = by_key.copy()
+        swaps = rng.integers(0, V - 3, size=50)
+        start_pos[swaps], start_pos[swaps + 3] = start_pos[swaps + 3], start_pos[swaps]
+    else:
+        start_pos = by_key[::-1].copy()
+    st = {"key": keys[start_pos], "order": order[start_pos]}
+    payload = {name: rng.random(V) for name in ("p", "q1", "q2")}
+    st |= {name: a[start_pos] for name, a in payload.items()}
+    hinted_sort(st)
+    assert np.array_equal(st["order"], order[by_key]) and np.array_equal(st["key"], keys[by_key])
+    for name, a in payload.items():
+        assert np.array_equal(st[name], a[by_key])
 
 
 def test_branch_weights_equal_output_distribution(monkeypatch):

@@ -20,11 +20,13 @@ Terms (ALGORITHMS.md sections 3.1 and 3.1b):
 - LP solver: the spec names scipy's linprog (HiGHS); its call overhead (~3-5 ms) dwarfed the tiny LP,
   so `solve_pair_lp` solves the same LP exactly as a maximum flow (see there); tests compare its
   optimum with linprog's. It "fails" (-> fallback) on non-finite input.
-- speed (V ~ 50k): stage 1 ranks all tokens with a packed float sort; later stages re-sort the
-  previous stage's rank order (nearly sorted for the new keys) with a stable timsort; ties are always
-  put in token-id order explicitly, so the ranking is exactly that of a stable argsort by
-  -(p - q1*q2). The label path (`KhistiSolver.branch_weights`) runs one tournament per branch row for
-  all K, in reusable buffers, and evaluates the emitted law only at the children.
+- speed (V ~ 50k; khisti_numerics.py): stage 1 ranks all tokens with a packed float sort; a later
+  stage starts from the previous stage's rank order, which the new keys leave nearly sorted, and an
+  insertion sort fixes it; ties are always put in token-id order, so the ranking is exactly that of a
+  stable argsort by -(p - q1*q2). A stage's arrays stay in rank order, and one compiled pass over the
+  ranks gives q_I, the residual mass and the next stage's keys. The label path
+  (`KhistiSolver.branch_weights`) runs one tournament per branch row for all K, in reusable buffers
+  (each stage takes over the previous one's arrays), and evaluates the emitted law only at the children.
 
 `KhistiSolver` implements the per-node solver protocol of the OT verifiers: `sample` draws the emitted
 token, `output_distribution` gives its exact law given the realized children (summing over the
@@ -43,7 +45,7 @@ from functools import cached_property
 import numpy as np
 
 from ..probability import acceptance, categorical, check_distribution, residual
-from .khisti_numerics import StageBuffers, fix_ties, full_order, solve_pair_lp
+from .khisti_numerics import StageBuffers, full_order, hinted_sort, selection_pass, solve_pair_lp
 
 DEFAULT_TOP_S = 5
 MAX_TOP_S = 15
@@ -61,9 +63,12 @@ class PairSelection:
     top_s: int  # |Omega1|: tokens of rank < top_s are selected by the LP weights
     w: np.ndarray  # [s, s] float64: w[i, j] (i < j) = P(select rank i | distinct candidates of ranks i, j)
     q_I_sorted: np.ndarray  # [V] float64, rank order: law of the selected token
+    q1_sorted: np.ndarray  # [V] float64, rank order: law of the first candidate
     key_sorted: np.ndarray  # [V] float64, rank order: q1*q2 - p (ascending)
     p_sorted: np.ndarray  # [V] float64, rank order: target p
     q2_sorted: np.ndarray  # [V] float64, rank order: law of the second candidate
+    next_keys: np.ndarray  # [V] float64, rank order: q_I*q2 - p, the keys of the tournament's next stage
+    residual_mass: float  # sum_x (p(x) - q_I(x))+: mass of the speculative step's residual
 
     @cached_property
     def rank(self) -> np.ndarray:
@@ -79,13 +84,12 @@ class PairSelection:
         q_I[self.order] = self.q_I_sorted
         return q_I
 
-    def rank_of(self, token: int, key: float) -> int:
-        """Rank of ``token`` whose key q1*q2 - p (computed as in the ranking) is ``key``: O(log V)."""
-        lo = int(np.searchsorted(self.key_sorted, key, side="left"))
-        hi = int(np.searchsorted(self.key_sorted, key, side="right"))
-        if hi - lo == 1:
-            return lo
-        return lo + int(np.flatnonzero(self.order[lo:hi] == token)[0])
+    def ranks_of(self, tokens: list[int], keys: list[float]) -> list[int]:
+        """Ranks of ``tokens`` whose keys q1*q2 - p (computed as in the ranking) are ``keys``: O(log V) each."""
+        lo = np.searchsorted(self.key_sorted, keys, side="left").tolist()
+        hi = np.searchsorted(self.key_sorted, keys, side="right").tolist()
+        return [a if b - a == 1 else a + int(np.flatnonzero(self.order[a:b] == t)[0])
+                for t, a, b in zip(tokens, lo, hi, strict=True)]
 
     def choice_law(self, a: int, b: int, ra: int | None = None, rb: int | None = None) -> list[tuple[int, float]]:
         """Law of the selected token given the realized candidates a (first) and b (second);
@@ -117,23 +121,12 @@ class Tournament:
     q_I: np.ndarray  # [V] float64: law of the final winner (q itself when k = 1)
 
 
-def _select_sorted(order: np.ndarray, key_s: np.ndarray, p_s: np.ndarray, q1_s: np.ndarray, q2_s: np.ndarray,
-                   top_s: int, q_I_s: np.ndarray, buf: StageBuffers) -> PairSelection | None:
-    """The pair selection given the rank order and the arrays taken in that order; q_I goes to q_I_s."""
-    V = order.shape[0]
-    if q2_s is q1_s:
-        t1 = t2 = np.cumsum(q1_s[:0:-1], out=buf.t1)[::-1]  # [V-1] t1[r] = q1-mass ranked worse than rank r
-    else:  # both suffix sums in one pass (complex addition adds the parts separately: same values)
-        both = buf.c1
-        both.real[:] = q1_s[:0:-1]
-        both.imag[:] = q2_s[:0:-1]
-        np.cumsum(both, out=buf.c2)
-        t1, t2 = buf.c2.real[::-1], buf.c2.imag[::-1]
-    base = np.multiply(q1_s, q2_s, out=q_I_s)  # [V] law when the better-ranked token always wins
-    prod = buf.prod[:-1]
-    base[:-1] += np.multiply(q1_s[:-1], t2, out=prod)
-    base[:-1] += np.multiply(t1, q2_s[:-1], out=prod)
-    s = min(top_s, V)
+def _select_sorted(st: dict[str, np.ndarray], top_s: int) -> PairSelection | None:
+    """The pair selection given the stage's arrays ``st`` (khisti_numerics.STAGE_ARRAYS) with order, p,
+    q1, q2 filled in rank order; fills key, q_I and next_keys."""
+    p_s, q1_s, q2_s, q_I_s, next_keys = st["p"], st["q1"], st["q2"], st["q_I"], st["next_keys"]
+    s = min(top_s, p_s.shape[0])
+    r1, r2, res = selection_pass(p_s, q1_s, q2_s, s, st["key"], q_I_s, next_keys)  # final for ranks >= s
     a1, a2 = q1_s[:s].tolist(), q2_s[:s].tolist()
     mass = np.zeros((s, s))  # [s, s] P({X1, X2} = {i, j}) for i < j
     for i in range(s):
@@ -141,71 +134,63 @@ def _select_sorted(order: np.ndarray, key_s: np.ndarray, p_s: np.ndarray, q1_s: 
             mass[i, j] = a1[i] * a2[j] + a2[i] * a1[j]
     w = np.ones((s, s))
     if s > 1:
-        v = solve_pair_lp(base[:s], p_s[:s], mass)
+        v = solve_pair_lp(q_I_s[:s], p_s[:s], mass)
         if v is None:
             return None
         v[v < 1e-12] = 0.0  # snap float noise; q_I below is exact for whatever w is used
         v[v > 1.0 - 1e-12] = 1.0
-        w = np.triu(1.0 - v, 1) + np.tril(w)
+        w = 1.0 - v  # (v is 0 outside i < j)
     # Omega1 laws as sums of nonnegative terms (no cancellation): own pair, pairs with Omega2, Omega1 pairs.
-    r1, r2 = float(q1_s[s:].sum()), float(q2_s[s:].sum())
     top = [a1[i] * a2[i] + a1[i] * r2 + r1 * a2[i] for i in range(s)]
     wl, ml = w.tolist(), mass.tolist()
     for i in range(s):
         for j in range(i + 1, s):
             top[i] += wl[i][j] * ml[i][j]
             top[j] += (1.0 - wl[i][j]) * ml[i][j]
-    base[:s] = top
-    return PairSelection(order=order, top_s=s, w=w, q_I_sorted=base, key_sorted=key_s, p_sorted=p_s, q2_sorted=q2_s)
+    p_top = p_s[:s].tolist()
+    q_I_s[:s] = top
+    next_keys[:s] = [top[i] * a2[i] - p_top[i] for i in range(s)]
+    res += sum(max(p_top[i] - top[i], 0.0) for i in range(s))
+    return PairSelection(order=st["order"], top_s=s, w=w, q_I_sorted=q_I_s, q1_sorted=q1_s, key_sorted=st["key"],
+                         p_sorted=p_s, q2_sorted=q2_s, next_keys=next_keys, residual_mass=res)
 
 
 def pair_selection(p: np.ndarray, q1: np.ndarray, q2: np.ndarray, top_s: int,
-                   _buf: StageBuffers | None = None, _m: int = 0) -> PairSelection | None:
+                   _buf: StageBuffers | None = None) -> PairSelection | None:
     """Solve the pairwise selection LP for candidates X1 ~ q1, X2 ~ q2; None if the LP fails.
 
-    (``_buf``/``_m``: internal; the stage's arrays are then the reusable buffer set ``_m``, valid until
-    that set is reused. Without ``_buf`` the stage owns fresh arrays.)"""
+    (``_buf``: internal; the stage's arrays are then ``_buf.stage``, valid until they are reused.
+    Without ``_buf`` the stage owns fresh arrays.)"""
     buf = StageBuffers(p.shape[0]) if _buf is None else _buf
-    dst = buf.out(_m)
+    st = buf.stage
     neg = np.multiply(q1, q2, out=buf.neg)
     neg -= p  # [V] -(p - q1*q2): ascending = best first
-    order = full_order(neg, dst["order"], buf)  # [V] tokens best first; ties by token id
-    key_s, p_s = np.take(neg, order, out=dst["key"], mode="clip"), np.take(p, order, out=dst["p"], mode="clip")
-    q1_s = np.take(q1, order, out=dst["q1"], mode="clip")
-    q2_s = q1_s if q2 is q1 else np.take(q2, order, out=dst["q2"], mode="clip")
-    sel = _select_sorted(order, key_s, p_s, q1_s, q2_s, top_s, dst["q_I"], buf)
-    return sel
+    order = full_order(neg, st["order"], buf)  # [V] tokens best first; ties by token id
+    for name, a in (("p", p), ("q1", q1)):
+        np.take(a, order, out=st[name], mode="clip")  # ("clip": indices are valid; it avoids buffering)
+    if q2 is q1:  # (a separate array all the same: next_stage may reuse q1's in place)
+        np.copyto(st["q2"], st["q1"])
+    else:
+        np.take(q2, order, out=st["q2"], mode="clip")
+    return _select_sorted(st, top_s)
 
 
-def next_stage(prev: PairSelection, top_s: int, _buf: StageBuffers | None = None, _m: int = 1) -> PairSelection | None:
+def next_stage(prev: PairSelection, top_s: int, in_place: bool = False) -> PairSelection | None:
     """The tournament stage after ``prev``: candidates X1 ~ prev's q_I (the winner so far) and X2 ~ the
     second law of ``prev`` (the draft q). Same result as ``pair_selection(p, prev.q_I, q2, top_s)``,
     faster: the new keys differ from ``prev``'s mostly on a few high-q tokens, so ``prev``'s rank order
-    is nearly sorted for them and a stable (tim)sort in that order has little to do."""
-    buf = StageBuffers(prev.order.shape[0]) if _buf is None else _buf
-    dst = buf.out(_m)
-    neg_h = np.multiply(prev.q_I_sorted, prev.q2_sorted, out=buf.neg)
-    neg_h -= prev.p_sorted  # [V] new keys in prev's rank order
-    perm = np.argsort(neg_h, kind="stable")  # ties: prev's rank order, fixed to token ids below
-    key_s = np.take(neg_h, perm, out=dst["key"], mode="clip")
-    order = np.take(prev.order, perm, out=dst["order"], mode="clip")
-    fix = fix_ties(order, key_s, buf.flags)
-    if fix is not None:
-        perm = perm[fix]
-        key_s[:], order[:] = key_s[fix], order[fix]
-    arrays = ((prev.p_sorted, dst["p"]), (prev.q_I_sorted, dst["q1"]), (prev.q2_sorted, dst["q2"]))
-    moved = np.flatnonzero(np.not_equal(perm, buf.arange, out=buf.moved))  # positions that change
-    if moved.shape[0] * 4 < perm.shape[0]:  # few moves (the usual case): copy, then patch those
-        src_pos = perm[moved]
-        for a, out in arrays:
-            np.copyto(out, a)
-            out[moved] = a[src_pos]
-    else:  # ("clip": indices are valid; it only avoids numpy's buffered "raise" mode)
-        for a, out in arrays:
-            np.take(a, perm, out=out, mode="clip")
-    p_s, q1_s, q2_s = dst["p"], dst["q1"], dst["q2"]
-    sel = _select_sorted(order, key_s, p_s, q1_s, q2_s, top_s, dst["q_I"], buf)
-    return sel
+    is nearly sorted for them (``prev.next_keys`` are the new keys in that order).
+
+    ``in_place``: the new stage takes over prev's arrays (no copies; prev is invalid afterwards)."""
+    st = {"key": prev.next_keys, "order": prev.order, "p": prev.p_sorted, "q1": prev.q_I_sorted,
+          "q2": prev.q2_sorted}
+    if in_place:  # prev's keys and laws of the first candidate are not needed any more
+        st |= {"q_I": prev.key_sorted, "next_keys": prev.q1_sorted}
+    else:
+        st = {name: a.copy() for name, a in st.items()} | {"q_I": np.empty_like(prev.p_sorted),
+                                                           "next_keys": np.empty_like(prev.p_sorted)}
+    hinted_sort(st)
+    return _select_sorted(st, top_s)
 
 
 def tournament(p: np.ndarray, q: np.ndarray, k: int, top_s: int = DEFAULT_TOP_S) -> Tournament | None:
@@ -217,6 +202,19 @@ def tournament(p: np.ndarray, q: np.ndarray, k: int, top_s: int = DEFAULT_TOP_S)
             return None
         stages.append(stage)
     return Tournament(stages=tuple(stages), q_I=stages[-1].q_I if stages else q)
+
+
+def _advance(law: dict[int, float], stage: PairSelection, challenger: int,
+             ranks: dict[int, int] | None = None) -> dict[int, float]:
+    """Law of the winner after ``stage`` selects between the current winner (law ``law``) and
+    ``challenger``; ``ranks``: the stage's ranks of these tokens, when known."""
+    new: dict[int, float] = {}
+    rc = None if ranks is None else ranks[challenger]
+    for winner, prob in law.items():
+        for tok, c in stage.choice_law(winner, challenger, None if ranks is None else ranks[winner], rc):
+            if c > 0.0:
+                new[tok] = new.get(tok, 0.0) + prob * c
+    return new
 
 
 def _speculative_law(p: np.ndarray, proposal: np.ndarray, selected: dict[int, float]) -> np.ndarray:
@@ -292,47 +290,33 @@ class KhistiSolver:
         """[J, Kmax, Kmax] label weights (decoding/labels.py): entry (j, K-1, i) is the probability that
         the node with target p[j], draft q[j] and children tokens[j, :K] emits tokens[j, i] (0 when i >= K
         or tokens[j, i] repeats an earlier child). Same numbers as ``output_distribution`` (it is the
-        same law), but only at the children: one tournament per row serves every K, its stages stay in
-        rank order, and the children's ranks are found by binary search. No input checks (the label
-        path validates p_rows itself)."""
+        same law), but only at the children: one tournament per row serves every K, built in reusable
+        buffers, and each stage's residual mass comes from its pass over the vocabulary. No input
+        checks (the label path validates p_rows itself)."""
         n_rows, kmax = tokens.shape
         out = np.zeros((n_rows, kmax, kmax))
         buf = self._buffers(p.shape[-1])
-
-        def res_mass(a: np.ndarray, b: np.ndarray) -> float:  # sum (a - b)+
-            d = np.subtract(a, b, out=buf.prod)
-            return float(np.maximum(d, 0.0, out=d).sum())
-
         for j in range(n_rows):
             p64, q64 = np.asarray(p[j], dtype=np.float64), np.asarray(q[j], dtype=np.float64)
             toks = [int(t) for t in tokens[j]]
-            p_t, q_t = [float(p64[t]) for t in toks], [float(q64[t]) for t in toks]
-            stages: list[PairSelection] = []
-            q1_t = q_t  # law of the current winner at the children
-            law = {toks[0]: 1.0}
-            for k in range(1, kmax + 1):
-                if k > 1:
-                    stage = (next_stage(stages[-1], self.top_s, buf, len(stages)) if stages
-                             else pair_selection(p64, q64, q64, self.top_s, buf, 0))
-                    if stage is None:  # this and every larger K fall back to naive_tree
-                        for kk in range(k, kmax + 1):
-                            out[j, kk - 1] = self._children_law(p64, q64, {toks[0]: 1.0}, toks[:kk], p_t, q_t,
-                                                                res_mass(p64, q64))
-                        break
-                    stages.append(stage)
-                    ranks = [stage.rank_of(t, q1_t[i] * q_t[i] - p_t[i]) for i, t in enumerate(toks)]
-                    new: dict[int, float] = {}
-                    rc = ranks[k - 1]
-                    for winner, prob in law.items():
-                        for tok, c in stage.choice_law(winner, toks[k - 1], ranks[toks.index(winner)], rc):
-                            if c > 0.0:
-                                new[tok] = new.get(tok, 0.0) + prob * c
-                    law = new
-                    q1_t = [float(stage.q_I_sorted[r]) for r in ranks]
-                    mass = res_mass(stage.p_sorted, stage.q_I_sorted)
-                else:
-                    mass = res_mass(p64, q64)
-                out[j, k - 1] = self._children_law(p64, q64, law, toks[:k], p_t, q1_t, mass)
+            p_t, q_t = p64[toks].tolist(), q64[toks].tolist()
+            diff = np.subtract(p64, q64, out=buf.neg)
+            naive_mass = float(np.maximum(diff, 0.0, out=diff).sum())  # sum (p - q)+
+            out[j, 0] = self._children_law({toks[0]: 1.0}, toks[:1], p_t, q_t, naive_mass)
+            prev: PairSelection | None = None
+            law, q1_t = {toks[0]: 1.0}, q_t  # law of the current winner given the children; its proposal there
+            for k in range(2, kmax + 1):
+                stage = (pair_selection(p64, q64, q64, self.top_s, buf) if prev is None
+                         else next_stage(prev, self.top_s, in_place=True))
+                if stage is None:  # this and every larger K fall back to naive_tree
+                    for kk in range(k, kmax + 1):
+                        out[j, kk - 1] = self._children_law({toks[0]: 1.0}, toks[:kk], p_t, q_t, naive_mass)
+                    break
+                ranks = stage.ranks_of(toks, [q1_t[i] * q_t[i] - p_t[i] for i in range(kmax)])
+                law = _advance(law, stage, toks[k - 1], dict(zip(toks, ranks, strict=True)))
+                q1_t = stage.q_I_sorted[ranks].tolist()
+                out[j, k - 1] = self._children_law(law, toks[:k], p_t, q1_t, stage.residual_mass)
+                prev = stage
         return out
 
     def _buffers(self, V: int) -> StageBuffers:
@@ -343,7 +327,7 @@ class KhistiSolver:
         return buf
 
     @staticmethod
-    def _children_law(p64, q64, law: dict[int, float], toks: list[int], p_t: list[float], prop_t: list[float],
+    def _children_law(law: dict[int, float], toks: list[int], p_t: list[float], prop_t: list[float],
                       res_mass: float) -> np.ndarray:
         """[Kmax] ``_speculative_law(p, proposal, law)`` at the children (0 at repeated ones), given p and the
         proposal at the children and ``res_mass = sum (p - proposal)+``."""
@@ -377,12 +361,7 @@ class KhistiSolver:
             return p, toks, {toks[0]: 1.0}, q
         law = {toks[0]: 1.0}
         for stage, challenger in zip(tour.stages, toks[1:], strict=True):
-            new: dict[int, float] = {}
-            for winner, prob in law.items():
-                for tok, c in stage.choice_law(winner, challenger):
-                    if c > 0.0:
-                        new[tok] = new.get(tok, 0.0) + prob * c
-            law = new
+            law = _advance(law, stage, challenger)
         return p, toks, law, tour.q_I
 
     def winner_law(self, p: np.ndarray, q: np.ndarray, children: Sequence[int]) -> tuple[dict[int, float], np.ndarray]:

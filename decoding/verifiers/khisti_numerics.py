@@ -1,38 +1,47 @@
-"""Numerical kernels of the Khisti verifier (khisti.py): the exact pair-LP solver and the fast ranking.
+"""Numerical kernels of the Khisti verifier (khisti.py): the exact pair-LP solver, the rank order of the
+vocabulary and the per-stage pass over it.
 
 - `solve_pair_lp`: the pairwise selection LP of ALGORITHMS.md section 3.1b, solved exactly as a
   maximum flow (scipy's linprog overhead dwarfed this tiny LP; tests compare the optimum with linprog).
-- `full_order` / `fix_ties`: the rank order of all V tokens by key, ties by token id (exactly a stable
-  argsort), computed with a packed float sort.
+- `full_order` / `hinted_sort`: the rank order of all V tokens by key, ties by token id (exactly a
+  stable argsort): a packed float sort for a tournament's first stage; an insertion sort starting
+  from the previous stage's order for later ones (the new keys put only a few thousand pairs of
+  tokens out of order there).
+- `selection_pass`: given the stage's arrays in rank order, the law of the better-ranked candidate,
+  the residual mass and the next stage's keys in one loop over the ranks.
 - `StageBuffers`: reusable [V] arrays, so tournament stages do not allocate fresh pages each call.
+
+The loops are compiled with numba (``cache=True``: compiled on the first call on a machine, then
+loaded from ``__pycache__``); in numpy a stage took ~20 passes over [V] arrays, two cumulative sums
+and a gather per array, which cost more than the arithmetic.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
+
+STAGE_ARRAYS = ("order", "key", "p", "q1", "q2", "q_I", "next_keys")  # one stage's [V] arrays, rank order
 
 
 class StageBuffers:
     """Reusable [V] arrays for the tournament stages (numpy would otherwise allocate, and the OS
     zero-fill, fresh pages for every temporary; at V ~ 50k that costs more than the arithmetic).
-    ``out(m)``: the output set of stage m (two sets, alternating, so a stage never overwrites the
-    stage it reads); the rest is scratch. Used by one call at a time (KhistiSolver keeps one per thread)."""
+    ``stage``: the arrays of a first stage (STAGE_ARRAYS; later stages reuse them in place, see
+    khisti.next_stage); the rest is scratch. Used by one call at a time (KhistiSolver keeps one per
+    thread)."""
 
     def __init__(self, V: int):
         self.V = V
-        self.sets = [{name: np.empty(V, dtype=np.int64 if name == "order" else np.float64)
-                      for name in ("order", "key", "p", "q1", "q2", "q_I")} for _ in range(2)]
-        self.neg, self.prod = np.empty(V), np.empty(V)
-        self.t1, self.t2 = np.empty(max(V - 1, 0)), np.empty(max(V - 1, 0))
+        self.stage = self.stage_arrays(V)
+        self.neg = np.empty(V)
         self.u1, self.u2 = np.empty(V, dtype=np.uint64), np.empty(V, dtype=np.uint64)
-        self.index = np.arange(V, dtype=np.uint64)
         self.flags = np.empty(max(V - 1, 0), dtype=bool)
-        self.moved = np.empty(V, dtype=bool)
-        self.c1, self.c2 = np.empty(max(V - 1, 0), dtype=np.complex128), np.empty(max(V - 1, 0), dtype=np.complex128)
-        self.arange = np.arange(V)
 
-    def out(self, m: int) -> dict[str, np.ndarray]:
-        return self.sets[m % 2]
+    @staticmethod
+    def stage_arrays(V: int) -> dict[str, np.ndarray]:
+        """Fresh arrays for one stage (see STAGE_ARRAYS)."""
+        return {name: np.empty(V, dtype=np.int64 if name == "order" else np.float64) for name in STAGE_ARRAYS}
 
 
 def full_order(neg: np.ndarray, order: np.ndarray, buf: StageBuffers) -> np.ndarray:
@@ -44,42 +53,114 @@ def full_order(neg: np.ndarray, order: np.ndarray, buf: StageBuffers) -> np.ndar
     smaller index still gives the smaller number), and numpy's vectorized float sort orders these
     numbers. Keys that agree in all kept bits are then ordered by full value and index explicitly."""
     V = neg.shape[0]
-    b = max(1, (V - 1).bit_length())
-    low = np.uint64((1 << b) - 1)
+    low = np.uint64((1 << max(1, (V - 1).bit_length())) - 1)
     neg += 0.0  # -0.0 -> 0.0
-    bits = neg.view(np.uint64)
-    packed, tmp = buf.u1, buf.u2
-    np.right_shift(neg.view(np.int64), 63, out=tmp.view(np.int64))  # all ones for negative keys
-    tmp &= low
-    tmp ^= buf.index  # index, or low - index for negative keys
-    np.bitwise_and(bits, ~low, out=packed)
-    packed |= tmp
+    packed = buf.u1
+    _pack(neg.view(np.uint64), low, packed)
     packed.view(np.float64).sort()
-    o = order.view(np.uint64)
-    np.right_shift(packed.view(np.int64), 63, out=order)
-    o &= low
-    np.bitwise_and(packed, low, out=tmp)
-    o ^= tmp  # the index back
-    np.bitwise_and(packed, ~low, out=tmp)
-    kept = tmp.view(np.float64)  # kept part of each sorted key
-    clash = np.equal(kept[1:], kept[:-1], out=buf.flags)
-    if clash.any():
+    if _unpack(packed, low, order):  # some neighbours agree in all kept bits
+        kept = np.bitwise_and(packed, ~low, out=buf.u2).view(np.float64)
+        clash = np.equal(kept[1:], kept[:-1], out=buf.flags)
         pos = np.flatnonzero(np.concatenate(([False], clash)) | np.concatenate((clash, [False])))
         sub = order[pos]
         order[pos] = sub[np.lexsort((sub, neg[sub]))]
     return order
 
 
-def fix_ties(order: np.ndarray, key_sorted: np.ndarray, flags: np.ndarray) -> np.ndarray | None:
-    """Permutation of rank positions that puts runs of equal keys in token-id order (None: no ties)."""
-    tie = np.equal(key_sorted[1:], key_sorted[:-1], out=flags)
-    if not tie.any():
-        return None
-    run = np.cumsum(np.concatenate(([True], ~tie)))  # [V] id of each run of equal keys
-    pos = np.flatnonzero(np.concatenate(([False], tie)) | np.concatenate((tie, [False])))
-    fix = np.arange(order.shape[0])
-    fix[pos] = pos[np.lexsort((order[pos], run[pos]))]
-    return fix
+@njit(cache=True)
+def _pack(bits, low, packed):
+    """packed[i] = bits[i] with its low bits replaced by i (low - i for a negative key); uint64 throughout."""
+    sign = np.uint64(63)
+    for i in range(bits.shape[0]):
+        x = bits[i]
+        index = np.uint64(i)
+        if x >> sign:
+            index = low - index
+        packed[i] = (x & ~low) | index
+
+
+@njit(cache=True)
+def _unpack(packed, low, order):
+    """order[i] = the index packed into packed[i]; True if two neighbours agree in all kept bits."""
+    sign = np.uint64(63)
+    clash = False
+    prev = np.uint64(0)
+    for i in range(packed.shape[0]):
+        x = packed[i]
+        index = x & low
+        if x >> sign:
+            index = low - index
+        order[i] = np.int64(index)
+        kept = x & ~low
+        if i > 0 and kept == prev:
+            clash = True
+        prev = kept
+    return clash
+
+
+def hinted_sort(st: dict[str, np.ndarray]) -> None:
+    """Sort the tokens ``st["order"]`` by ``st["key"]``, ties by token id, carrying ``st``'s "p", "q1",
+    "q2" along (all [V], in place). The given order should be nearly sorted (the previous stage's):
+    an insertion sort then moves each misplaced token past a few neighbours. If that takes more than
+    4 V moves, a full lexicographic sort finishes the job (same result)."""
+    arrays = [st[name] for name in ("key", "order", "p", "q1", "q2")]
+    if not _insertion_sort(*arrays, 4 * arrays[0].shape[0]):
+        perm = np.lexsort((arrays[1], arrays[0]))
+        for a in arrays:
+            a[:] = a[perm]
+
+
+@njit(cache=True)
+def _insertion_sort(key, order, p, q1, q2, budget):
+    """Sort the records (key, order, p, q1, q2) in place by (key, order); False once more than
+    ``budget`` moves were needed (the arrays are then a permutation of the records, unsorted)."""
+    moves = 0
+    for i in range(1, key.shape[0]):
+        k, t = key[i], order[i]
+        j = i - 1
+        if key[j] < k or (key[j] == k and order[j] < t):
+            continue  # already in place: the usual case
+        pv, a, b = p[i], q1[i], q2[i]
+        while j >= 0 and (key[j] > k or (key[j] == k and order[j] > t)):
+            key[j + 1], order[j + 1], p[j + 1], q1[j + 1], q2[j + 1] = key[j], order[j], p[j], q1[j], q2[j]
+            j -= 1
+        moves += i - 1 - j
+        key[j + 1], order[j + 1], p[j + 1], q1[j + 1], q2[j + 1] = k, t, pv, a, b
+        if moves > budget:
+            return False
+    return True
+
+
+@njit(cache=True)
+def selection_pass(p, q1, q2, s, key, q_I, next_keys):
+    """One pass over the ranks, worst first; p, q1, q2 [V] in the stage's rank order. Writes, for each
+    rank r (T_k = q_k-mass ranked worse than r):
+      key[r] = q1 q2 - p                (the key the ranking sorted; full_order's 0.0 may be -0.0 here)
+      q_I[r] = q1 q2 + q1 T2 + T1 q2   (law of the better-ranked candidate; for r < s the LP's base)
+      next_keys[r] = q_I[r] q2 - p      (the next stage's key of this token)
+    and returns (r1, r2, res): the q1- and q2-mass of ranks >= s and the sum over ranks >= s of
+    (p - q_I)+. The caller replaces ranks < s once the LP is solved. T1, T2 are running sums from the
+    worst rank (the same values as a cumulative sum of the reversed arrays)."""
+    t1 = 0.0
+    t2 = 0.0
+    r1 = 0.0
+    r2 = 0.0
+    res = 0.0
+    for r in range(p.shape[0] - 1, -1, -1):
+        a = q1[r]
+        b = q2[r]
+        key[r] = a * b - p[r]
+        law = a * b + a * t2 + t1 * b
+        q_I[r] = law
+        next_keys[r] = law * b - p[r]
+        if r >= s and p[r] > law:
+            res += p[r] - law
+        t1 += a
+        t2 += b
+        if r == s:
+            r1 = t1
+            r2 = t2
+    return r1, r2, res
 
 
 def solve_pair_lp(base: np.ndarray, p_top: np.ndarray, mass: np.ndarray) -> np.ndarray | None:
@@ -95,46 +176,59 @@ def solve_pair_lp(base: np.ndarray, p_top: np.ndarray, mass: np.ndarray) -> np.n
     shortest augmenting paths (Edmonds-Karp; s <= 15, so at most s + 2 nodes; each augmentation zeroes
     its bottleneck arc exactly, so the usual bound on their number holds in floating point). Tests check
     the value against scipy's linprog (HiGHS) and the max-flow/min-cut certificate."""
+    base, p_top, mass = (np.ascontiguousarray(a, dtype=np.float64) for a in (base, p_top, mass))
+    v = np.zeros(mass.shape)
+    return v if _max_flow(base, p_top, mass, v) else None
+
+
+@njit(cache=True)
+def _max_flow(base, p_top, mass, v):
+    """solve_pair_lp's flow; writes v, returns False on non-finite input (or no convergence)."""
     s = base.shape[0]
-    if not (np.all(np.isfinite(base)) and np.all(np.isfinite(p_top)) and np.all(np.isfinite(mass))):
-        return None
+    for i in range(s):
+        if not (np.isfinite(base[i]) and np.isfinite(p_top[i]) and np.all(np.isfinite(mass[i]))):
+            return False
     src, snk, n = s, s + 1, s + 2
-    cap = [[0.0] * n for _ in range(n)]  # residual capacities
+    cap = np.zeros((n, n))  # residual capacities
     for i in range(s):
-        cap[src][i] = max(float(base[i] - p_top[i]), 0.0)
-        cap[i][snk] = max(float(p_top[i] - base[i]), 0.0)
+        cap[src, i] = max(base[i] - p_top[i], 0.0)
+        cap[i, snk] = max(p_top[i] - base[i], 0.0)
         for j in range(i + 1, s):
-            cap[i][j] = max(float(mass[i, j]), 0.0)
-    orig = [row[:] for row in cap]
+            cap[i, j] = max(mass[i, j], 0.0)
+    orig = cap.copy()
+    parent = np.empty(n, dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    converged = False
     for _ in range(n * n * n):  # Edmonds-Karp: at most (nodes * arcs) / 2 augmentations
-        parent = [-1] * n
+        parent[:] = -1  # breadth-first search for a shortest augmenting path
         parent[src] = src
-        queue = [src]
-        for u in queue:
-            row = cap[u]
-            for v in range(n):
-                if parent[v] < 0 and row[v] > 0.0:
-                    parent[v] = u
-                    queue.append(v)
-            if parent[snk] >= 0:
-                break
+        queue[0] = src
+        head, tail = 0, 1
+        while head < tail and parent[snk] < 0:
+            u = queue[head]
+            head += 1
+            for w in range(n):
+                if parent[w] < 0 and cap[u, w] > 0.0:
+                    parent[w] = u
+                    queue[tail] = w
+                    tail += 1
         if parent[snk] < 0:
+            converged = True
             break
-        bottleneck, v = np.inf, snk
-        while v != src:
-            bottleneck = min(bottleneck, cap[parent[v]][v])
-            v = parent[v]
-        v = snk
-        while v != src:
-            u = parent[v]
-            cap[u][v] = 0.0 if cap[u][v] == bottleneck else cap[u][v] - bottleneck
-            cap[v][u] += bottleneck
-            v = u
-    else:
-        return None
-    v_out = np.zeros((s, s))
+        bottleneck, w = np.inf, snk
+        while w != src:
+            bottleneck = min(bottleneck, cap[parent[w], w])
+            w = parent[w]
+        w = snk
+        while w != src:
+            u = parent[w]
+            cap[u, w] = 0.0 if cap[u, w] == bottleneck else cap[u, w] - bottleneck
+            cap[w, u] += bottleneck
+            w = u
+    if not converged:
+        return False
     for i in range(s):
         for j in range(i + 1, s):
-            if orig[i][j] > 0.0:
-                v_out[i, j] = min(max((orig[i][j] - cap[i][j]) / orig[i][j], 0.0), 1.0)
-    return v_out
+            if orig[i, j] > 0.0:
+                v[i, j] = min(max((orig[i, j] - cap[i, j]) / orig[i, j], 0.0), 1.0)
+    return True
