@@ -59,12 +59,15 @@ def sample_continuations(
     capture_layer: int | None = None,
     top_k: int = 64,
     max_prompt_tokens: int = 512,
+    progress: str | None = None,
 ) -> Continuations:
     """Sample one continuation per text from ``target`` (KV-cached, left-padded batches).
 
     With ``capture_layer = k`` also return distillation records for every continuation position
-    (including the last prompt token, which predicts the first continuation token).
+    (including the last prompt token, which predicts the first continuation token). ``progress``: a
+    label for a progress bar on stderr counting sampled tokens (None: no bar).
     """
+    from tqdm.auto import tqdm
     from transformers import DynamicCache
 
     device = next(target.parameters()).device
@@ -81,6 +84,8 @@ def sample_continuations(
         hook = target.model.layers[capture_layer - 1].register_forward_hook(
             lambda _m, _i, o: captured.append((o[0] if isinstance(o, tuple) else o)[:, -1].detach())
         )
+    bar = tqdm(total=len(texts) * max_new_tokens, desc=progress, unit="tok", disable=progress is None,
+               mininterval=2.0)
     try:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -111,6 +116,7 @@ def sample_continuations(
                     nxt = logits.argmax(-1)
                 else:
                     nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
+                bar.update(int((~done).sum()))
                 for r in range(b):
                     if not done[r]:
                         conts[r].append(int(nxt[r]))
@@ -122,7 +128,10 @@ def sample_continuations(
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
             for r, i in enumerate(idx):
                 out_cont[i] = conts[r]
+            bar.total -= sum(max_new_tokens - len(c) for c in conts)  # rows that stopped early at EOS
+            bar.refresh()
     finally:
+        bar.close()
         if hook is not None:
             hook.remove()
     result = Continuations(prompts=encoded, continuations=[c or [] for c in out_cont])
@@ -184,8 +193,9 @@ def cached_continuations(cache_dir, target, tokenizer, texts: list[str], **kwarg
 
     from models.self_draft import target_fingerprint
 
-    # batch_size changes which valid sample is drawn, not what is sampled: it is not part of the key
-    keyed = {k: v for k, v in kwargs.items() if k != "batch_size"}
+    # batch_size changes which valid sample is drawn, not what is sampled; progress changes nothing:
+    # neither is part of the key
+    keyed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "progress")}
     key_src = json.dumps({"texts": texts, "kwargs": keyed, "target": target_fingerprint(target)}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"continuations-{key}.pt"

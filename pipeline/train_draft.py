@@ -37,7 +37,7 @@ def _texts(cfg, tokenizer) -> dict[str, list[str]]:
             for name, ds in splits.items()}
 
 
-def _records(cfg, target, tokenizer, texts: list[str], seed: int):
+def _records(cfg, target, tokenizer, texts: list[str], seed: int, split: str):
     """Distillation records of ``texts``, ``samples_per_prompt`` continuations each, concatenated."""
     import torch
 
@@ -49,6 +49,7 @@ def _records(cfg, target, tokenizer, texts: list[str], seed: int):
             Path(cfg.model.cache_dir) / "draft_data", target, tokenizer, texts,
             max_new_tokens=td.max_new_tokens, temperature=td.gen_temperature, batch_size=td.gen_batch_size,
             seed=seed + i, capture_layer=td.layers, top_k=td.top_k,
+            progress=f"sampling {split.upper()} continuations {i + 1}/{td.samples_per_prompt}",
         )
         for i in range(td.samples_per_prompt)
     ]
@@ -75,8 +76,8 @@ def train(cfg, target, tokenizer, texts, progress: bool = False) -> dict:
 
     td = cfg.train_draft
     start = time.perf_counter()
-    train_rec = _records(cfg, target, tokenizer, texts["train"], td.seed)
-    val_rec = _records(cfg, target, tokenizer, texts["val"], td.seed + 1)
+    train_rec = _records(cfg, target, tokenizer, texts["train"], td.seed, "train")
+    val_rec = _records(cfg, target, tokenizer, texts["val"], td.seed + 1, "val")
     gen_seconds = time.perf_counter() - start
     vocab = target.get_output_embeddings().weight.shape[0]
     subset = rank_vocabulary(train_rec[1], train_rec[2], vocab, td.vocab_subset_size,
@@ -132,7 +133,8 @@ def evaluate(cfg, target, tokenizer, texts) -> dict:
     for t in td.eval_temperatures:
         data = cached_continuations(Path(cfg.model.cache_dir) / "draft_data", target, tokenizer, texts["test"],
                                     max_new_tokens=td.eval_max_new_tokens, temperature=t,
-                                    batch_size=td.gen_batch_size, seed=td.seed + 2)
+                                    batch_size=td.gen_batch_size, seed=td.seed + 2,
+                                    progress=f"sampling TEST continuations (T={t})")
         acc = acceptance_per_position(target, draft, data, [t])[t]
         flat = torch.cat(acc)
         metrics[f"acceptance_test_T{t}"] = float(flat.mean())

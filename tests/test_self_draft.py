@@ -152,6 +152,16 @@ def test_sample_continuations_records_and_acceptance(target):
     assert 1.0 <= chain_block_efficiency(acc[1.0], 3) <= 4.0
 
 
+def test_progress_bar_counts_sampled_tokens_and_changes_nothing(target, capsys):
+    texts = ["hello there", "abc", "a longer prompt text"]
+    quiet = sample_continuations(target, CharTokenizer(), texts, max_new_tokens=6, batch_size=2, seed=0)
+    shown = sample_continuations(target, CharTokenizer(), texts, max_new_tokens=6, batch_size=2, seed=0,
+                                 progress="sampling")
+    assert shown.continuations == quiet.continuations
+    total = sum(len(c) for c in shown.continuations)
+    assert f"{total}/{total}" in capsys.readouterr().err.replace(" ", "").split("sampling")[-1]
+
+
 def records(target, k, n_seq=24, length=12, top_k=TINY_VOCAB, seed=0):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, TINY_VOCAB, (n_seq, length), generator=gen)
