@@ -25,6 +25,7 @@ from decoding.exact import (
 )
 from decoding.tree import DraftTree, children_lists
 from decoding.verifiers.ot import OTMethod, spectr_rho
+from decoding.verifiers.ratios import RatioTable
 
 TOL = 1e-12
 SHAPES = [Action(k, l1, l2) for k in (1, 2, 3) for l1 in range(4) for l2 in range(4 - l1)]
@@ -207,3 +208,54 @@ def test_spectr_rho_edge_cases() -> None:
     assert spectr_rho(p, q, 1) == 1.0
     onehot = np.array([0.0, 1.0, 0.0, 0.0])
     assert spectr_rho(onehot, onehot, 4) == 1.0
+
+
+def _reference_spectr(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float, float]:
+    """(rho*, c, mass) from the definitions over the whole vocabulary: the same search rule as
+    spectr_numerics (first edge 1 + i/16 with g <= 0, then the first ratio inside that bucket with
+    g <= 0, then the root on that piece) but with g evaluated directly and the root by bisection."""
+    def g(rho: float) -> float:
+        return _c(_beta(p, q, rho), k) - rho
+
+    rho = 1.0
+    if k > 1 and g(1.0) > 0:
+        edge = next(e for e in 1 + np.arange(1, 16 * (k - 1) + 1) / 16 if g(e) <= 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = p / q
+        inside = np.sort(s[(s > edge - 1 / 16) & (s < edge)])
+        hi = next((x for x in inside if g(x) <= 0), edge)
+        lo = max([edge - 1 / 16, *inside[inside < hi]])
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if g(mid) <= 0 else (mid, hi)
+        rho = hi
+    c = _c(_beta(p, q, rho), k)
+    return rho, c, float(np.maximum(p - c * np.minimum(q, p / rho), 0.0).sum())
+
+
+def _rows_with_zeros_and_ties(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    v = int(rng.integers(2, 40))
+    q = rng.dirichlet(np.full(v, 0.5)) * (rng.random(v) < 0.8)
+    p = rng.dirichlet(np.full(v, 0.5)) * (rng.random(v) < 0.8)
+    tied = rng.random(v) < 0.4  # one shared ratio (1.1875 = 1 + 3/16, a bucket edge, before normalizing)
+    p[tied] = q[tied] * rng.choice([1.0, 1.1875, 2.0])
+    return p / max(p.sum(), 1e-300), q / max(q.sum(), 1e-300)
+
+
+@pytest.mark.parametrize("kmax", [1, 2, 4, 8])
+def test_spectr_kernel_matches_the_definitions(kmax: int) -> None:
+    """RatioTable.spectr (compiled buckets, pieces, one residual pass for every k) against a direct
+    evaluation; entries for k <= kmax do not depend on kmax."""
+    rng = np.random.default_rng(100 + kmax)
+    for _ in range(150):
+        p, q = _rows_with_zeros_and_ties(rng)
+        if p.sum() == 0 or q.sum() == 0:
+            continue
+        rho, c, mass = RatioTable.build(p, q).spectr(kmax)
+        for k in range(1, kmax + 1):
+            ref = _reference_spectr(p, q, k)
+            assert rho[k - 1] == pytest.approx(ref[0], rel=1e-12, abs=0), f"k={k}: rho"
+            assert c[k - 1] == pytest.approx(ref[1], rel=1e-12, abs=0), f"k={k}: c"
+            assert mass[k - 1] == pytest.approx(ref[2], rel=0, abs=1e-12), f"k={k}: mass"
+            alone = RatioTable.build(p, q).spectr(k)
+            assert (alone[0][k - 1], alone[1][k - 1], alone[2][k - 1]) == (rho[k - 1], c[k - 1], mass[k - 1])

@@ -207,60 +207,63 @@ def spectr_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
 class SpecTrSolver:
     """SpecTr k-SEQ: accept child Xi w.p. ``min(1, p(Xi) / (rho* q(Xi)))`` in order; if none is
     accepted emit y ~ ``norm((p - min(q, p/rho*) * c)+)`` with ``c = (1 - (1-beta)^k) / beta``
-    (computed as sum_{i<k} (1-beta)^i, stable at beta = 0)."""
+    (computed as sum_{i<k} (1-beta)^i, stable at beta = 0). rho*, c and the residual mass come from
+    RatioTable.spectr (the same numbers on the reference and the label path)."""
 
     name = "spectr"
 
     @staticmethod
-    def _residual(p, q, rho: float, c: float, mass: float) -> np.ndarray:
-        """Residual values for p, q of any shape (a row or gathered tokens)."""
-        if not mass > 0:
-            return np.array(p, dtype=np.float64)
-        return np.maximum(p - c * np.minimum(q, p / rho), 0.0) / mass
+    def _residual(p, q, rho, c, mass) -> np.ndarray:
+        """Residual values ``(p - c min(q, p/rho))+ / mass`` (p where mass = 0); broadcasts, so p, q
+        may be a row or gathered tokens and rho, c, mass scalars or arrays."""
+        ok = mass > 0
+        return np.where(ok, np.maximum(p - c * np.minimum(q, p / rho), 0.0) / np.where(ok, mass, 1.0), p)
+
+    @staticmethod
+    def _params(p64, q64, k: int) -> tuple[float, float, float]:
+        """(rho*, c, mass) of one node with k children."""
+        rho, c, mass = RatioTable.build(p64, q64).spectr(k)
+        return float(rho[k - 1]), float(c[k - 1]), float(mass[k - 1])
 
     def _setup(self, p, q, children):
-        """(p, q as float64, ratio table or None for one child, rho*, acceptance of each child)."""
+        """(p, q as float64, (rho*, c, mass) or None for one child, acceptance of each child)."""
         p64, q64 = _f64(p), _f64(q)
         k = len(children)
-        table = RatioTable.build(p64, q64) if k > 1 else None  # k = 1: rho* = 1, no O(V) work
-        rho = table.spectr_rho(k) if table is not None else 1.0
+        params = self._params(p64, q64, k) if k > 1 else None  # k = 1: rho* = 1, no O(V) work yet
+        rho = params[0] if params is not None else 1.0
         kids = np.asarray(children, dtype=np.int64)
-        return p64, q64, table, rho, acceptance(p64[kids] / rho, q64[kids])
+        return p64, q64, params, acceptance(p64[kids] / rho, q64[kids])
+
+    def _residual_row(self, p64, q64, params, k: int) -> np.ndarray:
+        return self._residual(p64, q64, *(params or self._params(p64, q64, k)))
 
     def sample(self, p, q, children, rng):
-        p64, q64, table, rho, acc = self._setup(p, q, children)
+        p64, q64, params, acc = self._setup(p, q, children)
         for x, a in zip(children, acc, strict=True):
             if rng.random() < a:
                 return int(x)
-        table = table or RatioTable.build(p64, q64)
-        return categorical(self._residual(p64, q64, rho, *table.spectr_residual(rho, len(children))), rng)
+        return categorical(self._residual_row(p64, q64, params, len(children)), rng)
 
     def output_distribution(self, p, q, children):
-        p64, q64, table, rho, acc = self._setup(p, q, children)
-        table = table or RatioTable.build(p64, q64)
+        p64, q64, params, acc = self._setup(p, q, children)
         out = np.zeros(p64.shape[0])
         alive = 1.0
         for x, a in zip(children, acc, strict=True):
             out[x] += alive * a
             alive *= 1.0 - a
-        return out + alive * self._residual(p64, q64, rho, *table.spectr_residual(rho, len(children)))
+        return out + alive * self._residual_row(p64, q64, params, len(children))
 
     def chain_acceptance(self, p_x, q_x):
         return acceptance(p_x, q_x)
 
     def branch_weights(self, p, q, tokens, tables=None):
-        n_rows, kmax = tokens.shape
+        kmax = tokens.shape[1]
         p64, q64 = _f64(p), _f64(q)
-        tabs = _tables(p64, q64, tables)
-        p_y, q_y = _gather(p64, tokens), _gather(q64, tokens)  # [J, i]
-        rho = np.ones((n_rows, kmax))
-        res_y = np.empty((n_rows, kmax, kmax))
-        for j, t in enumerate(tabs):
-            for k in range(1, kmax + 1):
-                rho[j, k - 1] = t.spectr_rho(k, kmax)
-                res_y[j, k - 1] = self._residual(p_y[j], q_y[j], rho[j, k - 1], *t.spectr_residual(rho[j, k - 1], k))
-        accept = acceptance(p_y[:, None, :] / rho[:, :, None], q_y[:, None, :])  # [J, K, i]
-        return _sequential_weights(accept, res_y, tokens)
+        params = np.stack([np.stack(t.spectr(kmax)) for t in _tables(p64, q64, tables)])  # [J, 3, K]
+        rho, c, mass = params[:, 0, :, None], params[:, 1, :, None], params[:, 2, :, None]  # [J, K, 1]
+        p_y, q_y = _gather(p64, tokens)[:, None, :], _gather(q64, tokens)[:, None, :]  # [J, 1, i]
+        accept = acceptance(p_y / rho, q_y)  # [J, K, i]
+        return _sequential_weights(accept, self._residual(p_y, q_y, rho, c, mass), tokens)
 
 
 @dataclass
