@@ -144,19 +144,31 @@ def sample_continuations(
     return result
 
 
+@dataclass
+class PositionStats:
+    """One tensor per continuation of `Continuations` (empty for an empty one), one entry per position that
+    predicts a continuation token."""
+
+    acceptance: list[torch.Tensor] = field(default_factory=list)  # sum_x min(p_T, q_T)
+    target_entropy: list[torch.Tensor] = field(default_factory=list)  # entropy of p_T in nats
+
+
 @torch.no_grad()
-def acceptance_per_position(
+def position_stats(
     target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float]
-) -> dict[float, list[torch.Tensor]]:
-    """For each T, one tensor per continuation: acceptance at every position that predicts a continuation token.
+) -> dict[float, PositionStats]:
+    """For each T: token acceptance and target entropy at every position that predicts a continuation token.
 
     Both models see the whole sequence (prompt + continuation) in one forward; the draft through its
     ordinary call (`forward`), so an int8 / vocabulary-subset draft is measured as it decodes.
     """
     device = next(target.parameters()).device
-    out: dict[float, list[torch.Tensor]] = {t: [] for t in temperatures}
+    out = {t: PositionStats() for t in temperatures}
     for prompt, cont in zip(data.prompts, data.continuations, strict=True):
         if not cont:
+            for t in temperatures:
+                out[t].acceptance.append(torch.zeros(0))
+                out[t].target_entropy.append(torch.zeros(0))
             continue
         ids = torch.tensor([prompt + cont], device=device)  # [1, Lp + Lc]
         span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)  # positions predicting the continuation
@@ -164,10 +176,40 @@ def acceptance_per_position(
         q_logits = draft(input_ids=ids, use_cache=False).logits[0, span].float()  # [Lc, V], -inf outside S
         vocab = min(p_logits.shape[-1], q_logits.shape[-1])
         for t in temperatures:
-            p = torch.softmax(p_logits[:, :vocab] / t, -1)
-            q = torch.softmax(q_logits[:, :vocab] / t, -1)
-            out[t].append(torch.minimum(p, q).sum(-1).cpu())  # [Lc]
+            logp = torch.log_softmax(p_logits[:, :vocab] / t, -1)
+            p, q = logp.exp(), torch.softmax(q_logits[:, :vocab] / t, -1)
+            out[t].acceptance.append(torch.minimum(p, q).sum(-1).cpu())  # [Lc]
+            out[t].target_entropy.append(-(p * logp.clamp_min(-1e4)).sum(-1).cpu())  # [Lc]
     return out
+
+
+def acceptance_per_position(
+    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float]
+) -> dict[float, list[torch.Tensor]]:
+    """For each T, one tensor per continuation: `position_stats`' acceptance only."""
+    return {t: s.acceptance for t, s in position_stats(target, draft, data, temperatures).items()}
+
+
+ENTROPY_BUCKETS = (0.0, 0.5, 1.5, 3.0)  # nats: lower edges of the target-entropy buckets of `breakdown`
+
+
+def breakdown(stats: PositionStats, groups: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean acceptance and position count by group (e.g. prompt source; ``groups[i]`` names continuation i)
+    and by bucket of target entropy: where the draft fails."""
+    acc, ent = torch.cat(stats.acceptance), torch.cat(stats.target_entropy)
+    labels = [g for g, a in zip(groups, stats.acceptance, strict=True) for _ in range(len(a))]
+    by_group = {}
+    for g in sorted(set(groups)):
+        m = torch.tensor([label == g for label in labels], dtype=torch.bool)
+        if m.any():
+            by_group[g] = {"acceptance": float(acc[m].mean()), "positions": int(m.sum())}
+    by_entropy = {}
+    edges = [*ENTROPY_BUCKETS, float("inf")]
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        m = (ent >= lo) & (ent < hi)
+        if m.any():
+            by_entropy[f"[{lo:g}, {hi:g})"] = {"acceptance": float(acc[m].mean()), "positions": int(m.sum())}
+    return {"by_source": by_group, "by_target_entropy_nats": by_entropy}
 
 
 def chain_block_efficiency(acceptance: list[torch.Tensor], draft_len: int) -> float:

@@ -28,13 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
 
 
-def _texts(cfg, tokenizer) -> dict[str, list[str]]:
+def _splits(cfg, tokenizer) -> dict:
+    """The train/val/test prompt Datasets, with the chat-formatted text in column ``formatted``."""
     from data_collection.prompts import format_prompts, load_prompt_set, split_prompts
 
     prompts = load_prompt_set(cfg.prompts.sets, max_prompts=cfg.prompts.max_prompts)
     splits = split_prompts(prompts, tuple(cfg.prompts.split), seed=cfg.prompts.seed)
-    return {name: list(format_prompts(ds, tokenizer, use_chat_template=cfg.prompts.chat_template)["formatted"])
+    return {name: format_prompts(ds, tokenizer, use_chat_template=cfg.prompts.chat_template)
             for name, ds in splits.items()}
+
+
+def _texts(cfg, tokenizer) -> dict[str, list[str]]:
+    return {name: list(ds["formatted"]) for name, ds in _splits(cfg, tokenizer).items()}
 
 
 def _records(cfg, target, tokenizer, texts: list[str], seed: int, split: str):
@@ -115,14 +120,16 @@ def _subset_coverage(subset, top_ids, top_logp) -> float:
     return float((top_logp.exp() * inside).sum(1).mean())
 
 
-def evaluate(cfg, target, tokenizer, texts) -> dict:
-    """Step 3: acceptance on TEST prompts at each temperature, step-time ratio, expected chain efficiency."""
+def evaluate(cfg, target, tokenizer, texts, sources: list[str]) -> dict:
+    """Step 3: acceptance on TEST prompts at each temperature (overall, by prompt source and by target
+    entropy), step-time ratio, expected chain efficiency."""
     import torch
 
     from models.draft_data import (
-        acceptance_per_position,
+        breakdown,
         cached_continuations,
         chain_block_efficiency,
+        position_stats,
         step_times,
     )
     from models.self_draft import load_self_draft
@@ -135,10 +142,12 @@ def evaluate(cfg, target, tokenizer, texts) -> dict:
                                     max_new_tokens=td.eval_max_new_tokens, temperature=t,
                                     batch_size=td.gen_batch_size, seed=td.seed + 2,
                                     progress=f"sampling TEST continuations (T={t})")
-        acc = acceptance_per_position(target, draft, data, [t])[t]
+        stats = position_stats(target, draft, data, [t])[t]
+        acc = stats.acceptance
         flat = torch.cat(acc)
         metrics[f"acceptance_test_T{t}"] = float(flat.mean())
         metrics[f"test_positions_T{t}"] = int(flat.numel())
+        metrics[f"breakdown_test_T{t}"] = breakdown(stats, sources)
         for n in (2, 4, 6):
             metrics[f"expected_chain_block_efficiency_L{n}_T{t}"] = chain_block_efficiency(acc, n)
     first = texts["test"][0]
@@ -147,6 +156,21 @@ def evaluate(cfg, target, tokenizer, texts) -> dict:
                            device=next(target.parameters()).device)
     metrics.update(step_times(target, draft, context, reps=td.timing_reps))
     return metrics
+
+
+def _mlflow_metrics(metrics: dict) -> dict[str, float]:
+    """The TEST metrics as MLflow metric names (``test/...``), breakdowns flattened."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith(("acceptance_test_", "step_time_ratio", "expected_chain")):
+            out["test/" + key.replace("acceptance_test_", "acceptance_")] = value
+        elif key.startswith("breakdown_test_"):
+            temp = key.removeprefix("breakdown_test_")
+            for part, groups in value.items():
+                for group, v in groups.items():
+                    name = group.strip("[)").replace(", ", "-")
+                    out[f"test/acceptance_{temp}/{part}/{name}"] = v["acceptance"]
+    return out
 
 
 def run(cfg, args) -> int:
@@ -162,7 +186,8 @@ def run(cfg, args) -> int:
     target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir)
     for p in target.parameters():
         p.requires_grad_(False)
-    texts = _texts(cfg, tokenizer)
+    splits = _splits(cfg, tokenizer)
+    texts = {name: list(ds["formatted"]) for name, ds in splits.items()}
     facts = {}
     metrics_path = Path(td.metrics)
     if args.evaluate_only:
@@ -175,7 +200,7 @@ def run(cfg, args) -> int:
         facts = train(cfg, target, tokenizer, texts, progress=args.progress)
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
-    metrics = {**evaluate(cfg, target, tokenizer, texts), **facts}
+    metrics = {**evaluate(cfg, target, tokenizer, texts, list(splits["test"]["source"])), **facts}
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = metrics_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
@@ -184,10 +209,12 @@ def run(cfg, args) -> int:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=td.tracking_uri)
-        for key, value in metrics.items():
-            if key.startswith(("acceptance_test_", "step_time_ratio", "expected_chain")):
-                name = key.replace("acceptance_test_", "acceptance_")
-                client.log_metric(facts["mlflow_run_id"], f"test/{name}", value)
+        for name, value in _mlflow_metrics(metrics).items():
+            client.log_metric(facts["mlflow_run_id"], name, value)
     print(json.dumps({k: metrics[k] for k in sorted(metrics) if k.startswith(("acceptance", "step_time"))},
                      indent=2))
+    for t in td.eval_temperatures:
+        print(f"T = {t}: acceptance by prompt source / by target entropy (nats):")
+        for part in metrics[f"breakdown_test_T{t}"].values():
+            print("  " + ", ".join(f"{k} {v['acceptance']:.3f} ({v['positions']})" for k, v in part.items()))
     return 0

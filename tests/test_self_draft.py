@@ -6,7 +6,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from models.draft_data import acceptance_per_position, chain_block_efficiency, sample_continuations
+from models.draft_data import (
+    PositionStats,
+    acceptance_per_position,
+    breakdown,
+    chain_block_efficiency,
+    position_stats,
+    sample_continuations,
+)
 from models.draft_training import (
     DistillDataModule,
     DistillHParams,
@@ -150,6 +157,22 @@ def test_sample_continuations_records_and_acceptance(target):
     assert [len(a) for a in acc[1.0]] == [len(c) for c in data.continuations]
     assert all(((a >= 0) & (a <= 1 + 1e-6)).all() for a in acc[0.6])
     assert 1.0 <= chain_block_efficiency(acc[1.0], 3) <= 4.0
+    # the target entropy reported next to it is the entropy of p_T at the same positions
+    stats = position_stats(target, draft, data, [0.6])[0.6]
+    assert all(torch.equal(a, b) for a, b in zip(stats.acceptance, acc[0.6], strict=True))
+    logp = torch.log_softmax(target(input_ids=ids).logits[0, len(data.prompts[0]) - 1 : -1] / 0.6, -1)
+    assert torch.allclose(stats.target_entropy[0], -(logp.exp() * logp).sum(-1), atol=1e-5)
+
+
+def test_breakdown_groups_positions_by_source_and_target_entropy():
+    stats = PositionStats(acceptance=[torch.tensor([1.0, 0.5]), torch.tensor([0.2]), torch.zeros(0)],
+                          target_entropy=[torch.tensor([0.1, 2.0]), torch.tensor([4.0]), torch.zeros(0)])
+    out = breakdown(stats, ["code", "prose", "empty"])
+    assert out["by_source"] == {"code": {"acceptance": 0.75, "positions": 2},
+                                "prose": {"acceptance": pytest.approx(0.2), "positions": 1}}
+    assert out["by_target_entropy_nats"] == {"[0, 0.5)": {"acceptance": 1.0, "positions": 1},
+                                             "[1.5, 3)": {"acceptance": 0.5, "positions": 1},
+                                             "[3, inf)": {"acceptance": pytest.approx(0.2), "positions": 1}}
 
 
 def test_progress_bar_counts_sampled_tokens_and_changes_nothing(target, capsys):

@@ -26,5 +26,8 @@ def test_train_draft_stage_writes_a_loadable_artifact_and_metrics(tmp_path):
     values = json.loads(metrics.read_text())
     for key in ("acceptance_test_T1.0", "acceptance_test_T0.6", "step_time_ratio"):
         assert 0.0 <= values[key] <= 1.0, (key, values[key])
+    for t in ("1.0", "0.6"):  # the breakdowns partition the TEST positions
+        for part in values[f"breakdown_test_T{t}"].values():
+            assert sum(v["positions"] for v in part.values()) == values[f"test_positions_T{t}"]
     pair = load_pair("embedded:smollm2-135m-instruct", f"self_draft:{out}", device="cpu")
     assert pair.vocab_size == 49152 and pair.describe()["draft"]["layers"] == 6
