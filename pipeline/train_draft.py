@@ -38,8 +38,13 @@ def _splits(cfg, tokenizer) -> dict:
             for name, ds in splits.items()}
 
 
+def _formatted(splits: dict) -> dict[str, list[str]]:
+    return {name: list(ds["formatted"]) for name, ds in splits.items()}
+
+
 def _texts(cfg, tokenizer) -> dict[str, list[str]]:
-    return {name: list(ds["formatted"]) for name, ds in _splits(cfg, tokenizer).items()}
+    """The chat-formatted prompt texts of each split."""
+    return _formatted(_splits(cfg, tokenizer))
 
 
 def _records(cfg, target, tokenizer, texts: list[str], seed: int, split: str):
@@ -187,7 +192,7 @@ def run(cfg, args) -> int:
     for p in target.parameters():
         p.requires_grad_(False)
     splits = _splits(cfg, tokenizer)
-    texts = {name: list(ds["formatted"]) for name, ds in splits.items()}
+    texts = _formatted(splits)
     facts = {}
     metrics_path = Path(td.metrics)
     if args.evaluate_only:
