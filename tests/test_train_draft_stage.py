@@ -31,3 +31,22 @@ def test_train_draft_stage_writes_a_loadable_artifact_and_metrics(tmp_path):
             assert sum(v["positions"] for v in part.values()) == values[f"test_positions_T{t}"]
     pair = load_pair("embedded:smollm2-135m-instruct", f"self_draft:{out}", device="cpu")
     assert pair.vocab_size == 49152 and pair.describe()["draft"]["layers"] == 6
+
+
+def test_mlflow_metric_names_flatten_the_breakdowns():
+    import re
+
+    from pipeline.train_draft import _mlflow_metrics
+
+    metrics = {
+        "acceptance_test_T1.0": 0.3, "step_time_ratio": 0.2, "train_records": 10,
+        "breakdown_test_T1.0": {"by_source": {"humaneval": {"acceptance": 0.4, "positions": 3}},
+                                "by_target_entropy_nats": {"[3, inf)": {"acceptance": 0.1, "positions": 2}}},
+    }
+    assert _mlflow_metrics(metrics) == {
+        "test/acceptance_T1.0": 0.3, "test/step_time_ratio": 0.2,
+        "test/acceptance_T1.0/by_source/humaneval": 0.4,
+        "test/acceptance_T1.0/by_target_entropy_nats/3-inf": 0.1,
+    }
+    # MLflow accepts alphanumerics, underscores, dashes, periods, spaces, colons and slashes
+    assert all(re.fullmatch(r"[\w\-. :/]+", name) for name in _mlflow_metrics(metrics))
