@@ -33,15 +33,10 @@ class StageBuffers:
 
     def __init__(self, V: int):
         self.V = V
-        self.stage = self.stage_arrays(V)
+        self.stage = {name: np.empty(V, dtype=np.int64 if name == "order" else np.float64) for name in STAGE_ARRAYS}
         self.neg = np.empty(V)
         self.u1, self.u2 = np.empty(V, dtype=np.uint64), np.empty(V, dtype=np.uint64)
         self.flags = np.empty(max(V - 1, 0), dtype=bool)
-
-    @staticmethod
-    def stage_arrays(V: int) -> dict[str, np.ndarray]:
-        """Fresh arrays for one stage (see STAGE_ARRAYS)."""
-        return {name: np.empty(V, dtype=np.int64 if name == "order" else np.float64) for name in STAGE_ARRAYS}
 
 
 def full_order(neg: np.ndarray, order: np.ndarray, buf: StageBuffers) -> np.ndarray:

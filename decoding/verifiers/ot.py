@@ -199,9 +199,15 @@ class SpecInferSolver:
         return _sequential_weights(accept, r_y[:, 1:, :], tokens)
 
 
+def spectr_params(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float, float]:
+    """(rho*, c, mass) of k-SEQ for one node with k children (see RatioTable.spectr)."""
+    rho, c, mass = RatioTable.build(p, q).spectr(k)
+    return float(rho[k - 1]), float(c[k - 1]), float(mass[k - 1])
+
+
 def spectr_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
-    """rho* of k-SEQ for one node (see RatioTable.spectr_rho)."""
-    return RatioTable.build(p, q).spectr_rho(k)
+    """rho* of k-SEQ for one node."""
+    return spectr_params(p, q, k)[0]
 
 
 class SpecTrSolver:
@@ -219,23 +225,17 @@ class SpecTrSolver:
         ok = mass > 0
         return np.where(ok, np.maximum(p - c * np.minimum(q, p / rho), 0.0) / np.where(ok, mass, 1.0), p)
 
-    @staticmethod
-    def _params(p64, q64, k: int) -> tuple[float, float, float]:
-        """(rho*, c, mass) of one node with k children."""
-        rho, c, mass = RatioTable.build(p64, q64).spectr(k)
-        return float(rho[k - 1]), float(c[k - 1]), float(mass[k - 1])
-
     def _setup(self, p, q, children):
         """(p, q as float64, (rho*, c, mass) or None for one child, acceptance of each child)."""
         p64, q64 = _f64(p), _f64(q)
         k = len(children)
-        params = self._params(p64, q64, k) if k > 1 else None  # k = 1: rho* = 1, no O(V) work yet
+        params = spectr_params(p64, q64, k) if k > 1 else None  # k = 1: rho* = 1, no O(V) work yet
         rho = params[0] if params is not None else 1.0
         kids = np.asarray(children, dtype=np.int64)
         return p64, q64, params, acceptance(p64[kids] / rho, q64[kids])
 
     def _residual_row(self, p64, q64, params, k: int) -> np.ndarray:
-        return self._residual(p64, q64, *(params or self._params(p64, q64, k)))
+        return self._residual(p64, q64, *(params or spectr_params(p64, q64, k)))
 
     def sample(self, p, q, children, rng):
         p64, q64, params, acc = self._setup(p, q, children)

@@ -51,7 +51,3 @@ class RatioTable:
         is ``(p - c min(q, p/rho*))+ / mass`` (p if mass = 0), c = c(beta(rho*)). See spectr_numerics.
         k = 1 or p == q on q's support -> rho* = 1; disjoint supports (beta = 0) -> k."""
         return spectr_solve(self.s_sub, self.p_sub, self.q_sub, self.p_low, self.beta1, kmax)
-
-    def spectr_rho(self, k: int) -> float:
-        """rho* of k-SEQ with k children (see ``spectr``)."""
-        return float(self.spectr(k)[0][k - 1])
