@@ -156,12 +156,21 @@ def test_sample_continuations_records_and_acceptance(target):
     acc = acceptance_per_position(target, draft, data, [1.0, 0.6])
     assert [len(a) for a in acc[1.0]] == [len(c) for c in data.continuations]
     assert all(((a >= 0) & (a <= 1 + 1e-6)).all() for a in acc[0.6])
-    assert 1.0 <= chain_block_efficiency(acc[1.0], 3) <= 4.0
+    # one-token chains: 1 + mean acceptance over the roots with a token ahead
+    roots = torch.cat([a[:-1] for a in acc[1.0]])
+    assert chain_block_efficiency(acc[1.0], 1) == pytest.approx(1.0 + float(roots.mean()))
     # the target entropy reported next to it is the entropy of p_T at the same positions
     stats = position_stats(target, draft, data, [0.6])[0.6]
     assert all(torch.equal(a, b) for a, b in zip(stats.acceptance, acc[0.6], strict=True))
     logp = torch.log_softmax(target(input_ids=ids).logits[0, len(data.prompts[0]) - 1 : -1] / 0.6, -1)
     assert torch.allclose(stats.target_entropy[0], -(logp.exp() * logp).sum(-1), atol=1e-5)
+
+
+def test_chain_block_efficiency_by_hand():
+    """Roots t with a full chain of n ahead; a chain accepts its first j tokens w.p. prod_{i<j} a[t+i]."""
+    acc = [torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.9])]
+    # n = 2: roots 0, 1 of the first (1 + 0.5 + 0.25 each), root 0 of the second (1 + 1 + 0); none in the third
+    assert chain_block_efficiency(acc, 2) == pytest.approx((1.75 + 1.75 + 2.0) / 3)
 
 
 def test_breakdown_groups_positions_by_source_and_target_entropy():
