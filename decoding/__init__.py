@@ -6,23 +6,40 @@ Stable reference interface (external checks call it):
     tree = sample_tree(action, draft, rng)   # draft(prefix) -> q(.|root+prefix)
     res = verify(tree, target, method, rng)  # res.tokens: accepted draft tokens + one emitted token
     be = expected_block_efficiency(tree, target, method)  # exact over verification randomness
+
+The names are resolved lazily (PEP 562): importing a numpy-only module such as `decoding.features`,
+`decoding.selector` or `decoding.latency` loads neither the verifiers (numba, scipy) nor torch, so
+an ONNX runtime can use them with numpy alone.
 """
 
-from .actions import Action, ActionSpace, parse_action
-from .labels import expected_block_efficiency
-from .tree import DraftTree, sample_tree, target_rows
-from .verifiers import METHODS, VerifyResult, get_method, verify
+from __future__ import annotations
 
-__all__ = [
-    "METHODS",
-    "Action",
-    "ActionSpace",
-    "DraftTree",
-    "VerifyResult",
-    "expected_block_efficiency",
-    "get_method",
-    "parse_action",
-    "sample_tree",
-    "target_rows",
-    "verify",
-]
+import importlib
+
+_EXPORTS = {
+    "Action": ".actions",
+    "ActionSpace": ".actions",
+    "parse_action": ".actions",
+    "expected_block_efficiency": ".labels",
+    "DraftTree": ".tree",
+    "sample_tree": ".tree",
+    "target_rows": ".tree",
+    "METHODS": ".verifiers",
+    "VerifyResult": ".verifiers",
+    "get_method": ".verifiers",
+    "verify": ".verifiers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,9 +9,9 @@ draws).
 - ``top_p < 1`` keeps the smallest set of most-probable tokens whose mass reaches ``top_p`` (the token
   that crosses the threshold is kept; ties broken by token id) and renormalizes.
 
-Both a torch version (`transform_logits`, on the model's device) and a numpy version
-(`transform_logits_np`, for tests and reference computations) are provided; they agree to float
-rounding.
+This module is numpy only (it is imported by torch-free code: the feature schema, the ONNX runtime).
+The torch version of the transform, run on the model's device, is `decoding.engine.rows.transform_logits`;
+`transform_logits_np` is its float64 numpy twin and they agree to float rounding.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -40,30 +39,8 @@ class Sampling:
         return self.temperature == 0
 
 
-def transform_logits(logits: torch.Tensor, sampling: Sampling, vocab_size: int | None = None) -> torch.Tensor:
-    """Probabilities ``[..., V]`` (float32 or wider) from raw logits ``[..., V']``.
-
-    ``vocab_size`` cuts the last axis to the common vocabulary first (models may pad their heads)."""
-    if vocab_size is not None:
-        logits = logits[..., :vocab_size]
-    logits = logits.float()
-    if sampling.greedy:
-        out = torch.zeros_like(logits)
-        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)  # [..., V]
-    if sampling.top_p < 1.0:
-        # stable sort: equal probabilities keep token-id order
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # [..., V] mass of better-ranked tokens
-        drop_sorted = mass_before >= sampling.top_p
-        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
-
-
 def transform_logits_np(logits: np.ndarray, sampling: Sampling, vocab_size: int | None = None) -> np.ndarray:
-    """Numpy (float64) twin of `transform_logits`."""
+    """Numpy (float64) twin of `decoding.engine.rows.transform_logits`."""
     x = np.asarray(logits, dtype=np.float64)
     if vocab_size is not None:
         x = x[..., :vocab_size]
@@ -85,12 +62,6 @@ def transform_logits_np(logits: np.ndarray, sampling: Sampling, vocab_size: int 
     return probs
 
 
-def to_numpy_rows(probs: torch.Tensor) -> np.ndarray:
-    """Probability rows as float64 numpy, renormalized in float64 (verifiers check sums to 1e-5)."""
-    rows = probs.detach().to(dtype=torch.float64).cpu().numpy()
-    return rows / rows.sum(axis=-1, keepdims=True)
-
-
 def draw(rows: np.ndarray, rng: np.random.Generator, count: int = 1) -> np.ndarray:
     """``count`` i.i.d. tokens from each row of ``rows`` ``[R, V]`` (inverse CDF); returns ``[R, count]``.
 
@@ -107,3 +78,12 @@ def draw(rows: np.ndarray, rng: np.random.Generator, count: int = 1) -> np.ndarr
             idx[over] = int(np.flatnonzero(rows[r] > 0)[-1])
         out[r] = idx
     return out
+
+
+def __getattr__(name: str):
+    """The torch functions moved to `decoding.engine.rows`; importing them from here still works."""
+    if name in ("transform_logits", "to_numpy_rows"):
+        from .engine import rows
+
+        return getattr(rows, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -117,12 +117,71 @@ class TrainDraftConfig:
     experiment: str = "train_draft"
 
 
+@dataclass
+class ActionsConfig:
+    """The action grid (`decoding.actions.ActionSpace`) that every stage uses: inclusive [min, max] ranges.
+
+    The CPU default (48 actions) keeps one root's union tree at 39 nodes; the paper's grid (K 1-4, L1 0-8,
+    L2 0-8, 324 actions) is the preset configs/paper-grid.yaml."""
+
+    K: list[int] = field(default_factory=lambda: [1, 3])  # rollouts at the branch node
+    L1: list[int] = field(default_factory=lambda: [0, 3])  # trunk length
+    L2: list[int] = field(default_factory=lambda: [0, 3])  # rollout length
+
+    def space(self):
+        from decoding.actions import ActionSpace
+
+        return ActionSpace.from_config({"K": self.K, "L1": self.L1, "L2": self.L2})
+
+    def validate(self) -> None:
+        for name in ("K", "L1", "L2"):
+            v = getattr(self, name)
+            if len(v) != 2 or v[0] > v[1]:
+                raise ValueError(f"{name} must be [min, max] with min <= max, not {v}")
+        self.space()
+
+
+@dataclass
+class CollectConfig:
+    """Stage collect: features and labels at roots of the train/val/test trajectories (data_collection/)."""
+
+    splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])  # never the draft's prompts
+    methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "spectr", "khisti",
+                                                        "naive_tree", "nss"])
+    num_trees: int = 4  # s: union trees per root; the label is their mean (ALGORITHMS.md section 4)
+    root_stride: int = 16  # a root every root_stride continuation tokens
+    max_roots_per_trajectory: int = 0  # 0 = no cap
+    shard_size: int = 8  # trajectories per Parquet shard (the unit of resumption)
+    seed: int = 0
+    out: str = "data/collect"  # shards + manifests (a DVC out)
+    metrics: str = "metrics/collect.json"
+
+    def validate(self) -> None:
+        from decoding.verifiers import get_method
+
+        for m in self.methods:
+            get_method(m)
+        if not self.methods:
+            raise ValueError("methods must name at least one verification method")
+        bad = [s for s in self.splits if s not in ("train", "val", "test")]
+        if bad or not self.splits:
+            raise ValueError(f"splits must be a non-empty subset of train, val, test (the draft's prompts are "
+                             f"never roots), not {self.splits}")
+        for name in ("num_trees", "root_stride", "shard_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+        if self.max_roots_per_trajectory < 0:
+            raise ValueError(f"max_roots_per_trajectory must be >= 0, not {self.max_roots_per_trajectory}")
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "prompts": PromptsConfig,
     "sampling": SamplingConfig,
     "decode": DecodeConfig,
     "train_draft": TrainDraftConfig,
+    "actions": ActionsConfig,
+    "collect": CollectConfig,
 }
 
 
@@ -133,6 +192,8 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
     source: str = "<defaults>"  # where the values came from, for messages
 
     def to_dict(self) -> dict:

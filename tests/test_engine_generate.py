@@ -7,7 +7,8 @@ from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
 from decoding.engine import AUTOREGRESSIVE, RootFeatures, SpeculativeDecoder, generate
-from decoding.sampling import Sampling, transform_logits, transform_logits_np
+from decoding.engine.rows import transform_logits
+from decoding.sampling import Sampling, transform_logits_np
 from decoding.verifiers import METHODS
 
 CHAIN_ONLY = {"naive", "bv"}

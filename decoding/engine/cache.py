@@ -106,6 +106,20 @@ class KVState:
                 layer.values[:, :, dst0:new_len] = layer.values[:, :, src]
         self.crop(new_len, _positions=[self.positions[s] for s in slots])
 
+    def fork(self, length: int) -> KVState:
+        """A new state holding a copy of the first ``length`` slots (this one is left untouched).
+
+        The collection stage prefills a whole trajectory once and forks the prefix of every root."""
+        if not 0 <= length <= len(self.positions):
+            raise ValueError(f"cannot fork {length} slots of a KV cache of {len(self.positions)}")
+        other = KVState(self.model)
+        for idx, layer in enumerate(self.cache.layers):
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            other.cache.update(layer.keys[:, :, :length], layer.values[:, :, :length], idx)
+        other.positions = self.positions[:length]
+        return other
+
     def crop(self, length: int, _positions: list[int] | None = None) -> None:
         """Drop every slot from ``length`` on (``_positions`` replaces the kept tail's positions)."""
         if length > len(self.positions):

@@ -1,14 +1,17 @@
-"""Drafting the tree of an action with the draft model's KV cache (ALGORITHMS.md section 2).
+"""Drafting a tree layout with the draft model's KV cache (ALGORITHMS.md sections 2 and 4).
 
-The draft cache holds the accepted sequence up to (and including) the root. Drafting is level by level:
-- the *trunk* token by token: one draft forward per trunk node, each with one query row;
-- then the K *rollouts* as one batch: one draft forward per rollout depth with K query rows, each
-  row attending to the context, the trunk and its own rollout only (tree mask on the cache), so the
-  rollouts are i.i.d. draws from q(.|branch node) and independent of each other.
-Leaves are sampled but not fed (their q rows are never needed). Every sampled token is drawn from the
-transformed draft row (`decoding.sampling`), and the rows of all nodes with children are kept in the
-`DraftTree` for verification. Node order is `decoding.tree.tree_layout`'s (root, trunk, rollout 1,
-rollout 2, ...); the cache slot of each fed node is recorded so the cache can be pruned afterwards.
+The draft cache holds the accepted sequence up to (and including) the root. A *layout* is a parents
+array in topological order (`decoding.tree.tree_layout` for one action, `decoding.union_tree.union_layout`
+for the union tree of a whole action space); drafting is level by level:
+- every node at depth d is drawn from its parent's transformed q row (`decoding.sampling.draw`, one
+  draw per node in node order, so children of one parent are i.i.d.);
+- the nodes of depth d that have children are then fed to the draft as ONE batched forward, each query
+  row attending to the context, its own ancestors and itself only (tree mask on the cache), so
+  different branches never see each other. For one action this is the trunk token by token, then the
+  K rollouts as one batch per depth. Leaves are never fed (their q rows are never needed).
+The q rows of all fed nodes are kept for verification; with ``hidden=True`` also their last-layer
+hidden states (the selector's ``h_q_prev`` when such a node ends the accepted path). The cache slot of
+each fed node is recorded so the cache can be pruned to the accepted path afterwards.
 """
 
 from __future__ import annotations
@@ -18,58 +21,82 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..actions import Action
-from ..sampling import Sampling, draw, to_numpy_rows, transform_logits
+from ..sampling import Sampling, draw
 from ..tree import DraftTree, build_tree, tree_layout
 from .cache import KVState
+from .rows import prob_rows
 from .tree_pass import forward_nodes
 
 
 @dataclass
+class DraftedLayout:
+    """Drafted tokens of a layout and where its fed nodes live in the draft cache."""
+
+    tokens: np.ndarray  # [n] int64, tokens[0] = -1 (root)
+    q_rows: np.ndarray  # [n, V] q(.|root + path(node)) for fed nodes (root included); zero rows for leaves
+    node_slots: dict[int, int]  # node index -> draft cache slot, for nodes fed to the draft (root included)
+    hidden: dict[int, np.ndarray] | None  # node -> [H_q] float32 last-layer hidden state (fed nodes), if asked
+    forwards: int  # draft forward passes spent (root excluded)
+
+
+@dataclass
 class DraftedTree:
-    """A drafted tree and where its nodes live in the draft cache."""
+    """A drafted action tree and where its nodes live in the draft cache."""
 
     tree: DraftTree
-    node_slots: dict[int, int]  # node index -> draft cache slot, for nodes fed to the draft (root included)
-    forwards: int  # draft forward passes spent on this tree (root excluded)
+    node_slots: dict[int, int]
+    hidden: dict[int, np.ndarray] | None
+    forwards: int
 
 
-def draft_tree(kv: KVState, root_slot: int, q_root: np.ndarray, action: Action, sampling: Sampling,
-               vocab_size: int, rng: np.random.Generator) -> DraftedTree:
-    """Draft ``action``'s tree below the root, which is already processed at ``root_slot`` (the last slot).
+def draft_layout(kv: KVState, root_slot: int, q_root: np.ndarray, parents: np.ndarray, depths: np.ndarray,
+                 sampling: Sampling, vocab_size: int, rng: np.random.Generator,
+                 hidden: bool = False, h_root: np.ndarray | None = None) -> DraftedLayout:
+    """Draft the layout ``parents`` / ``depths`` ``[n]`` below the root, already processed at ``root_slot``.
 
-    ``q_root`` ``[V]`` is q(.|root) after the sampling transform. Slots before ``root_slot`` are the context.
-    """
+    ``q_root`` ``[V]`` is q(.|root) after the sampling transform; ``h_root`` its hidden state (kept as
+    ``hidden[0]``). Slots before ``root_slot`` are the context; the root must be the last slot."""
     if root_slot != len(kv) - 1:
         raise RuntimeError(f"draft cache must end at the root (root slot {root_slot}, {len(kv)} slots)")
-    parents, depths = tree_layout(action)
     n = parents.shape[0]
-    max_depth = int(depths.max())
+    has_child = np.zeros(n, dtype=bool)
+    has_child[parents[1:]] = True
     tokens = np.full(n, -1, dtype=np.int64)
     q_rows = np.zeros((n, vocab_size), dtype=np.float64)  # [n, V]
     q_rows[0] = q_root
     node_slots = {0: root_slot}
+    hid: dict[int, np.ndarray] | None = {0: h_root} if hidden else None
     root_pos = kv.positions[root_slot]
-    levels = [np.flatnonzero(depths == d) for d in range(max_depth + 1)]
     forwards = 0
-    for d in range(1, max_depth + 1):
-        nodes = levels[d]  # [m] nodes at depth d, in node order
-        par = parents[nodes]
-        # one draw per node from its parent's row; children of the same parent are i.i.d.
-        tokens[nodes] = draw(q_rows[par], rng, 1)[:, 0]
-        if d == max_depth:
-            break  # leaves: no q rows needed
-        m = nodes.shape[0]
-        num_cached = len(kv)
-        allowed = np.zeros((m, num_cached + m), dtype=bool)
+    for d in range(1, int(depths.max(initial=0)) + 1):
+        nodes = np.flatnonzero(depths == d)  # [m] nodes at depth d, in node order
+        tokens[nodes] = draw(q_rows[parents[nodes]], rng, 1)[:, 0]
+        fed = nodes[has_child[nodes]]  # [f] nodes whose children are drawn next
+        if fed.shape[0] == 0:
+            continue
+        num_cached, f = len(kv), fed.shape[0]
+        allowed = np.zeros((f, num_cached + f), dtype=bool)
         allowed[:, :root_slot] = True  # the accepted context
-        for r, node in enumerate(nodes):
+        for r, node in enumerate(fed):
             a = int(parents[node])
             while a >= 0:  # ancestors (root included) are already in the cache
                 allowed[r, node_slots[a]] = True
                 a = int(parents[a])
             allowed[r, num_cached + r] = True
             node_slots[int(node)] = num_cached + r
-        logits, _ = forward_nodes(kv, tokens[nodes], [root_pos + d] * m, allowed)
+        logits, h = forward_nodes(kv, tokens[fed], [root_pos + d] * f, allowed, output_hidden_states=hidden)
         forwards += 1
-        q_rows[nodes] = to_numpy_rows(transform_logits(logits, sampling, vocab_size))
-    return DraftedTree(build_tree(action, tokens, q_rows), node_slots, forwards)
+        q_rows[fed] = prob_rows(logits, sampling, vocab_size)
+        if hidden:
+            h_np = h.float().cpu().numpy()  # [f, H]
+            hid.update({int(node): h_np[r] for r, node in enumerate(fed)})
+    return DraftedLayout(tokens, q_rows, node_slots, hid, forwards)
+
+
+def draft_tree(kv: KVState, root_slot: int, q_root: np.ndarray, action: Action, sampling: Sampling,
+               vocab_size: int, rng: np.random.Generator, hidden: bool = False,
+               h_root: np.ndarray | None = None) -> DraftedTree:
+    """Draft ``action``'s tree (node order of `decoding.tree.tree_layout`) below the root."""
+    parents, depths = tree_layout(action)
+    d = draft_layout(kv, root_slot, q_root, parents, depths, sampling, vocab_size, rng, hidden, h_root)
+    return DraftedTree(build_tree(action, d.tokens, d.q_rows), d.node_slots, d.hidden, d.forwards)

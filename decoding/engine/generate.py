@@ -1,12 +1,16 @@
 """The decode loop: speculative decoding with delayed draft trees, and plain autoregressive sampling.
 
-One *step* starts at a *root* (the last emitted token, not yet processed by the target):
-1. the draft processes its pending tokens (ending with the root) -> q(.|root);
-2. the policy picks the action (a static `Action`, or a selector's ``select(features)``);
-3. the draft drafts the action's tree (`drafting.draft_tree`);
-4. one target pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
-5. the verification method accepts a path and emits one token;
-6. both caches keep only the accepted path (`cache.KVState.keep`); the context is never re-encoded.
+`SpeculativeDecoder.generate` is a loop over `SpeculativeDecoder.step`; collection and evaluation call
+the same step. One *step* starts at a *root* (the last emitted token, not yet processed by the target):
+1. choose: the policy picks the action. A static `Action` costs nothing; a selector gets `RootFeatures`
+   (after the draft's root step when it ``needs_draft``, see `decoding.selector`);
+2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts
+   the action's tree (`drafting.draft_tree`); an empty tree skips the draft entirely;
+3. target pass: one pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
+4. verify: the verification method accepts a path and emits one token;
+5. prune: both caches keep only the accepted path (`cache.KVState.keep`); the context is never
+   re-encoded. The draft's rows and hidden states at the new root's predecessor are kept for the
+   next step's features.
 Autoregressive sampling is the same loop with the empty tree (action ``1,0,0``): no draft, one target
 pass on the root, one token drawn from p.
 
@@ -16,18 +20,20 @@ All randomness (draft draws and verification) comes from one ``numpy.random.Gene
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..actions import Action
-from ..sampling import Sampling, draw, to_numpy_rows, transform_logits
+from ..sampling import Sampling, draw
+from ..selector import RootFeatures, Selector, as_policy, needs_draft, needs_hidden_states, static_action
 from ..tree import build_tree
 from ..verifiers import get_method
+from ..verifiers.base import VerificationMethod
 from .cache import KVState
 from .drafting import draft_tree
-from .policy import RootFeatures, Selector, as_policy
+from .rows import prob_rows
 from .stats import DecodeStats, Timer
 from .tree_pass import causal_allowed, forward_nodes, target_tree_pass
 
@@ -35,6 +41,43 @@ AUTOREGRESSIVE = "autoregressive"
 AR_ACTION = Action(1, 0, 0)
 DEFAULT_ACTION = Action(2, 2, 3)
 DEFAULT_SAMPLING = Sampling()
+
+
+def _np(h: torch.Tensor | None) -> np.ndarray | None:
+    return None if h is None else h.float().cpu().numpy()
+
+
+@dataclass
+class DecodeState:
+    """Everything that carries over from one step to the next."""
+
+    prompt: list[int]
+    kv_t: KVState  # target cache: the accepted sequence up to (not including) the root
+    kv_d: KVState | None  # draft cache: the accepted sequence minus ``pending``
+    pending: list[int]  # accepted tokens the draft has not processed yet (ending with the root)
+    out: list[int] = field(default_factory=list)  # emitted tokens (the last one is the root)
+    p_prev: np.ndarray | None = None  # [V] target row at the token before the root
+    h_p_prev: np.ndarray | None = None  # [H_p]
+    q_prev: np.ndarray | None = None  # [V] draft row at the token before the root, when pending == [root]
+    h_q_prev: np.ndarray | None = None  # [H_q]
+
+    @property
+    def root(self) -> int:
+        return self.out[-1] if self.out else self.prompt[-1]
+
+    @property
+    def context_length(self) -> int:
+        """Tokens before the root."""
+        return len(self.prompt) + len(self.out) - 1
+
+
+@dataclass
+class StepResult:
+    """One step: its action, the accepted draft tokens and the emitted token."""
+
+    action: Action
+    tokens: list[int]  # accepted draft tokens, then the emitted token
+    features: RootFeatures | None  # what the selector saw (None for a static policy)
 
 
 @dataclass
@@ -56,129 +99,162 @@ class SpeculativeDecoder:
         self.vocab_size = int(vocab_size)
         self.eos = {int(t) for t in eos_token_ids}
 
-    @torch.inference_mode()
-    def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
-                 policy: Action | Selector = DEFAULT_ACTION, sampling: Sampling = DEFAULT_SAMPLING,
-                 seed: int = 0) -> DecodeResult:
-        """Decode up to ``max_new_tokens`` tokens after ``prompt`` (token ids, at least one).
+    def _rows(self, logits: torch.Tensor, sampling: Sampling) -> np.ndarray:
+        return prob_rows(logits, sampling, self.vocab_size)
 
-        ``method``: a name of ``decoding.verifiers.METHODS`` or ``"autoregressive"`` (policy ignored)."""
+    def start(self, prompt: list[int], sampling: Sampling, hidden: bool = False, use_draft: bool = True
+              ) -> DecodeState:
+        """Prefill the target with the prompt up to (not including) the root; the draft starts lazily."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("generate: the prompt must contain at least one token")
+        kv_d = KVState(self.draft) if use_draft and self.draft is not None else None
+        state = DecodeState(prompt, KVState(self.target), kv_d, list(prompt) if kv_d is not None else [])
+        n = len(prompt) - 1
+        if n:
+            logits, h = forward_nodes(state.kv_t, prompt[:-1], list(range(n)), causal_allowed(0, n), hidden, last=1)
+            state.p_prev, state.h_p_prev = self._rows(logits[-1], sampling), _np(h[-1] if hidden else None)
+        return state
+
+    def draft_root(self, state: DecodeState, sampling: Sampling, hidden: bool
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The draft processes its pending tokens (ending with the root): returns ``(q_root, h_q_root)`` and
+        refreshes ``state.q_prev`` / ``h_q_prev`` when the token before the root was pending too."""
+        kv, pending = state.kv_d, state.pending
+        if kv is None:
+            raise ValueError("this step drafts a tree but the decoder has no draft model")
+        start = len(kv)
+        logits, h = forward_nodes(kv, pending, list(range(start, start + len(pending))),
+                                  causal_allowed(start, len(pending)), hidden, last=2)
+        if len(pending) >= 2:
+            state.q_prev, state.h_q_prev = self._rows(logits[-2], sampling), _np(h[-2] if hidden else None)
+        state.pending = []
+        return self._rows(logits[-1], sampling), _np(h[-1] if hidden else None)
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
+             rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
+        """One speculation step from ``state``'s root (module docstring); appends to ``state.out``."""
+        static = static_action(policy)
+        hidden = static is None and needs_hidden_states(policy)
+        # 1. choose (after the draft's root step when the selector's features need it)
+        q_root = h_q_root = None
+        features = None
+        if static is None and needs_draft(policy) and state.kv_d is not None:
+            q_root, h_q_root = self.draft_root(state, sampling, hidden)
+            stats.time_draft += clock.lap()
+        if static is not None:
+            action = static
+        else:
+            drafted_now = q_root is not None
+            features = RootFeatures(state.context_length, sampling, state.p_prev,
+                                    state.q_prev if drafted_now else None, q_root, state.h_p_prev,
+                                    state.h_q_prev if drafted_now else None, h_q_root)
+            action = policy.select(features)
+            if not isinstance(action, Action):
+                raise TypeError(f"selector {type(policy).__name__}.select returned {action!r}, not an Action")
+            stats.time_selector += clock.lap()
+        if action.tree_size:
+            check_supported(verifier, action)
+        # 2. draft
+        if action.tree_size:
+            if q_root is None:
+                q_root, h_q_root = self.draft_root(state, sampling, hidden)
+            drafted = draft_tree(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
+                                 hidden, h_q_root)
+            tree, node_slots = drafted.tree, drafted.node_slots
+            stats.time_draft += clock.lap()
+        else:
+            tree, node_slots = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1))), {}
+        # 3. target pass
+        ctx_t = len(state.kv_t)
+        logits, h_t = target_tree_pass(state.kv_t, state.root, tree, hidden)
+        p_rows = self._rows(logits, sampling)  # [n, V]
+        stats.time_target += clock.lap()
+        # 4. verify
+        if action.tree_size:
+            accepted, emitted = verifier.verify(tree, p_rows, rng)
+            accepted = [int(i) for i in accepted]
+        else:
+            accepted, emitted = [], int(draw(p_rows[0], rng)[0, 0])
+        stats.time_verify += clock.lap()
+        # 5. prune both caches to the accepted path; keep the rows before the new root
+        path = [0] + accepted
+        last = path[-1]
+        state.kv_t.keep(ctx_t, [ctx_t + i for i in path])
+        new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
+        if state.kv_d is not None:
+            if action.tree_size:
+                root_slot = node_slots[0]
+                state.kv_d.keep(root_slot, [node_slots[i] for i in path if i in node_slots])
+                state.pending = [int(tree.tokens[i]) for i in path if i not in node_slots] + [int(emitted)]
+                if last in node_slots:
+                    state.q_prev = tree.q_rows[last]
+                    state.h_q_prev = drafted.hidden[last] if hidden else None
+            elif q_root is not None:  # the draft saw the root this step
+                state.pending = [int(emitted)]
+                state.q_prev, state.h_q_prev = q_root, h_q_root
+            else:
+                state.pending.append(int(emitted))
+        state.p_prev, state.h_p_prev = p_rows[last], _np(h_t[last] if hidden else None)
+        stats.record_step(int(tree.depths.max()), len(accepted), str(action))
+        state.out.extend(new)
+        return StepResult(action, new, features)
+
+    @torch.inference_mode()
+    def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
+                 policy: Action | Selector = DEFAULT_ACTION, sampling: Sampling = DEFAULT_SAMPLING,
+                 seed: int = 0, on_step=None) -> DecodeResult:
+        """Decode up to ``max_new_tokens`` tokens after ``prompt`` (token ids, at least one).
+
+        ``method``: a name of ``decoding.verifiers.METHODS`` or ``"autoregressive"`` (policy ignored).
+        ``on_step(state, result)``: called after every step (e.g. to record the features a selector saw)."""
         if max_new_tokens < 1:
             raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         if method == AUTOREGRESSIVE:
-            policy, verifier = AR_ACTION, None
+            policy, verifier = as_policy(AR_ACTION), None
         else:
             policy, verifier = as_policy(policy), get_method(method)
-        static = isinstance(policy, Action)
-        if static and not policy.tree_size == 0:
-            _check_supported(verifier, policy)
-        use_draft = not (static and policy.tree_size == 0)
+        static = static_action(policy)
+        if static is not None and static.tree_size:
+            check_supported(verifier, static)
+        use_draft = static is None or static.tree_size > 0
         if use_draft and self.draft is None:
             raise ValueError(f"generate: method {method!r} with policy {policy} needs a draft model")
-        hidden = (not static) and bool(getattr(policy, "needs_hidden_states", False))
+        hidden = static is None and needs_hidden_states(policy)
         rng = np.random.default_rng(seed)
         stats = DecodeStats(method=method if verifier is None else verifier.name)
         clock = Timer(next(self.target.parameters()).device)
         t_start = clock.t
-
-        def rows(logits: torch.Tensor) -> np.ndarray:
-            return to_numpy_rows(transform_logits(logits, sampling, self.vocab_size))
-
-        # prefill both caches with the prompt up to (not including) the root
-        kv_t = KVState(self.target)
-        p_prev = h_p_prev = q_prev = h_q_prev = None
-        if len(prompt) > 1:
-            logits, h = forward_nodes(kv_t, prompt[:-1], list(range(len(prompt) - 1)),
-                                      causal_allowed(0, len(prompt) - 1), hidden, last=1)
-            if not static:
-                p_prev, h_p_prev = rows(logits[-1]), (h[-1] if hidden else None)
+        state = self.start(prompt, sampling, hidden, use_draft)
         stats.time_target += clock.lap()
-        kv_d = KVState(self.draft) if use_draft else None
-        pending = list(prompt) if use_draft else []  # draft tokens not yet in the draft cache
-        out: list[int] = []
-        seq_len = len(prompt)  # tokens so far incl. the root
         while True:
-            root = out[-1] if out else prompt[-1]
-            # 1. draft sees the root
-            q_root = h_q_root = None
-            if use_draft:
-                logits, h = forward_nodes(kv_d, pending, list(range(len(kv_d), len(kv_d) + len(pending))),
-                                          causal_allowed(len(kv_d), len(pending)), hidden, last=2)
-                q_root = rows(logits[-1])
-                if len(pending) >= 2 and not static:
-                    q_prev, h_q_prev = rows(logits[-2]), (h[-2] if hidden else None)
-                h_q_root = h[-1] if hidden else None
-                root_slot = len(kv_d) - 1
-                stats.time_draft += clock.lap()
-            # 2. the action
-            if static:
-                action = policy
-            else:
-                action = policy.select(RootFeatures(seq_len - 1, sampling, q_root, q_prev, p_prev,
-                                                    h_q_root, h_q_prev, h_p_prev))
-                if not isinstance(action, Action):
-                    raise TypeError(f"selector {type(policy).__name__}.select returned {action!r}, not an Action")
-                if action.tree_size:
-                    _check_supported(verifier, action)
-                stats.time_selector += clock.lap()
-            # 3. drafting
-            node_slots = {0: 0}
-            if action.tree_size:
-                drafted = draft_tree(kv_d, root_slot, q_root, action, sampling, self.vocab_size, rng)
-                tree, node_slots = drafted.tree, drafted.node_slots
-                stats.time_draft += clock.lap()
-            else:
-                tree = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1)))
-            # 4. target pass
-            ctx_t = len(kv_t)
-            logits, h_t = target_tree_pass(kv_t, root, tree, hidden)
-            p_rows = rows(logits)  # [n, V]
-            stats.time_target += clock.lap()
-            # 5. verification
-            if action.tree_size:
-                accepted, emitted = verifier.verify(tree, p_rows, rng)
-                accepted = [int(i) for i in accepted]
-            else:
-                accepted, emitted = [], int(draw(p_rows[0], rng)[0, 0])
-            stats.time_verify += clock.lap()
-            # 6. keep the accepted path in both caches
-            path = [0] + accepted
-            kv_t.keep(ctx_t, [ctx_t + i for i in path])
-            new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
-            last = path[-1]
-            if use_draft:
-                if action.tree_size:
-                    kv_d.keep(root_slot, [node_slots[i] for i in path if i in node_slots])
-                    pending = [int(tree.tokens[i]) for i in path if i not in node_slots] + [int(emitted)]
-                    if not static and last in node_slots:
-                        q_prev = tree.q_rows[last]
-                        h_q_prev = None  # drafting does not keep hidden states; the selector sees None
-                else:
-                    pending = [int(emitted)]
-                    q_prev, h_q_prev = q_root, h_q_root
-            if not static:
-                p_prev, h_p_prev = p_rows[last], (h_t[last] if hidden else None)
-            stats.record_step(int(tree.depths.max()), len(accepted), str(action))
-            # EOS and length
-            done = False
-            for tok in new:
-                out.append(tok)
-                if tok in self.eos or len(out) >= max_new_tokens:
-                    done = True
-                    break
-            seq_len = len(prompt) + len(out)
+            before = len(state.out)
+            result = self.step(state, policy, verifier, sampling, rng, stats, clock)
+            if on_step is not None:
+                on_step(state, result)
+            cut = _stop_index(state.out, before, self.eos, max_new_tokens)
             clock.lap()
-            if done:
+            if cut is not None:
+                del state.out[cut:]
                 break
-        stats.new_tokens = len(out)
+        stats.new_tokens = len(state.out)
         stats.time_total = clock.t - t_start
-        return DecodeResult(out, stats)
+        return DecodeResult(state.out, stats)
 
 
-def _check_supported(verifier, action: Action) -> None:
+def _stop_index(out: list[int], start: int, eos: set[int], max_new_tokens: int) -> int | None:
+    """Length to cut ``out`` to when a token from ``start`` on is an EOS or reaches the limit, else None."""
+    for i in range(start, len(out)):
+        if out[i] in eos or i + 1 >= max_new_tokens:
+            return i + 1
+    return None
+
+
+def check_supported(verifier: VerificationMethod | None, action: Action) -> None:
+    """Fail with a clear message when ``verifier`` cannot verify ``action``'s tree shape."""
+    if verifier is None:
+        raise ValueError(f"action {action} drafts a tree; autoregressive decoding has no verifier")
     parents_tree = build_tree(action, np.full(action.tree_size + 1, -1), np.zeros((action.tree_size + 1, 1)))
     if not verifier.supports(parents_tree):
         raise ValueError(f"method {verifier.name!r} does not support the tree of action {action} "

@@ -1,0 +1,188 @@
+"""Features and labels at the roots of one trajectory (ALGORITHMS.md sections 4-5).
+
+A *trajectory* is a prompt plus a target-sampled continuation (`data_collection.trajectories`). Its
+*roots* are every ``root_stride``-th continuation position r (the root token is ``seq[r]``, the context
+``seq[:r]``; a root that is an EOS token is skipped, decoding would have stopped there). For each root:
+
+- features (`decoding.features`): the target and draft hidden states and probability rows come from ONE
+  prefill of the trajectory per model (not from token-by-token decoding; both give the same numbers
+  up to float rounding, tests/test_collect.py checks it against the decoder);
+- labels: ``num_trees`` union trees of the action space (`decoding.union_tree`) are drafted below the
+  root as one *forest* (all copies share the root, so one batched draft forward per depth drafts them
+  all, on the same KV-cached path as the decoder's drafting: `decoding.engine.drafting.draft_layout`),
+  then ONE target tree pass over the forest gives every p row. Each union tree gives the exact block
+  efficiency of every action for every method (`decoding.labels.union_labels`); Ê(c, a) is their mean.
+
+The forest's copies are independent draws (disjoint subtrees under a shared root), so the s union trees
+are i.i.d. samples exactly as s separate draftings would be. All randomness of a root comes from a
+generator seeded by (seed, trajectory key, root position), so a root's row does not depend on which
+other roots were collected before it: an interrupted run resumes with identical rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from decoding.actions import ActionSpace
+from decoding.engine.cache import KVState
+from decoding.engine.drafting import draft_layout
+from decoding.engine.rows import prob_rows
+from decoding.engine.tree_pass import causal_allowed, forward_nodes, target_tree_pass
+from decoding.features import probability_scalars
+from decoding.labels import union_labels
+from decoding.sampling import Sampling
+from decoding.tree import DraftTree, children_lists
+from decoding.union_tree import union_from_tokens, union_layout
+
+
+@dataclass
+class RootRows:
+    """Columns of the roots of one trajectory (R roots; A actions; H_p / H_q hidden sizes)."""
+
+    position: list[int] = field(default_factory=list)  # root position r in the trajectory (= context length)
+    root_token: list[int] = field(default_factory=list)
+    h_p_prev: list[np.ndarray] = field(default_factory=list)  # [H_p] float16
+    h_q_prev: list[np.ndarray] = field(default_factory=list)  # [H_q] float16
+    h_q_root: list[np.ndarray] = field(default_factory=list)  # [H_q] float16
+    probability_scalars: list[np.ndarray] = field(default_factory=list)  # [6] float64, decoding.features order
+    labels: dict[str, list[np.ndarray]] = field(default_factory=dict)  # method -> R x [A] mean over trees
+    label_se: dict[str, list[np.ndarray]] = field(default_factory=dict)  # method -> R x [A] std error over trees
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {"draft": [], "target": [], "labels": []})
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+
+def root_positions(prompt_len: int, seq: list[int], stride: int, eos: set[int]) -> list[int]:
+    """Positions r = prompt_len, prompt_len + stride, ... < len(seq) whose token is not an EOS."""
+    if stride < 1:
+        raise ValueError(f"root_stride must be >= 1, got {stride}")
+    return [r for r in range(max(prompt_len, 1), len(seq), stride) if seq[r] not in eos]
+
+
+def root_seed(seed: int, key: str, position: int) -> np.random.Generator:
+    """The generator of one root: a function of (seed, trajectory key, position) only."""
+    digest = hashlib.sha256(f"{seed}|{key}|{position}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def forest_layout(space: ActionSpace, copies: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(parents, depths, m)``: ``copies`` union trees of ``space`` under one shared root; copy i holds
+    nodes ``1 + i*(m-1) .. (i+1)*(m-1)`` where m is the union tree's node count (root included)."""
+    parents, depths, _ = union_layout(space)
+    m = parents.shape[0]
+    f_par, f_dep = [np.array([-1])], [np.array([0])]
+    for i in range(copies):
+        off = 1 + i * (m - 1)
+        par = parents[1:].copy()
+        f_par.append(np.where(par == 0, 0, par - 1 + off))
+        f_dep.append(depths[1:])
+    return np.concatenate(f_par).astype(np.int64), np.concatenate(f_dep).astype(np.int64), m
+
+
+class RootCollector:
+    """Collects features and labels along trajectories for one draft/target pair (see module docstring)."""
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, space: ActionSpace,
+                 methods: list[str], num_trees: int = 4, seed: int = 0) -> None:
+        if num_trees < 1:
+            raise ValueError(f"num_trees must be >= 1, got {num_trees}")
+        self.target, self.draft = target, draft
+        self.vocab_size = int(vocab_size)
+        self.space, self.methods = space, list(methods)
+        self.num_trees, self.seed = int(num_trees), int(seed)
+        self.parents, self.depths, self.union_nodes = forest_layout(space, self.num_trees)
+        self.children = children_lists(self.parents)
+
+    @torch.inference_mode()
+    def prefill(self, model: torch.nn.Module, seq: list[int]) -> tuple[KVState, torch.Tensor, torch.Tensor]:
+        """One causal pass over ``seq``: its cache, logits ``[n, V']`` and last-layer hidden states ``[n, H]``."""
+        kv = KVState(model)
+        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True)
+        return kv, logits, hidden
+
+    @torch.inference_mode()
+    def _prefill(self, seq: list[int], positions: list[int], sampling: Sampling) -> dict:
+        """Both prefills and the raw features of every root (float32 hidden states, float64 rows)."""
+        if min(positions) < 1 or max(positions) >= len(seq):
+            raise ValueError(f"root positions must lie in [1, {len(seq) - 1}], got {positions}")
+        last = max(positions)
+        t0 = time.perf_counter()
+        kv_t, p_logits, h_p = self.prefill(self.target, seq[:last])  # context of the last root
+        t1 = time.perf_counter()
+        kv_d, q_logits, h_q = self.prefill(self.draft, seq[: last + 1])  # ... plus its root
+        t2 = time.perf_counter()
+        prev = torch.tensor([r - 1 for r in positions])
+        return {
+            "kv_t": kv_t, "kv_d": kv_d, "seconds": {"target": t1 - t0, "draft": t2 - t1},
+            "p_prev": prob_rows(p_logits[prev], sampling, self.vocab_size),  # [R, V]
+            "q_prev": prob_rows(q_logits[prev], sampling, self.vocab_size),  # [R, V]
+            "q_root": prob_rows(q_logits[prev + 1], sampling, self.vocab_size),  # [R, V]
+            "h_p_prev": h_p[prev].float().cpu().numpy(),  # [R, H_p]
+            "h_q_prev": h_q[prev].float().cpu().numpy(),  # [R, H_q]
+            "h_q_root": h_q[prev + 1].float().cpu().numpy(),  # [R, H_q]
+        }
+
+    @torch.inference_mode()
+    def features(self, seq: list[int], positions: list[int], sampling: Sampling) -> dict[str, np.ndarray]:
+        """The raw features of the roots at ``positions`` (what `decoding.selector.RootFeatures` holds):
+        ``p_prev``, ``q_prev``, ``q_root`` ``[R, V]`` and ``h_p_prev``, ``h_q_prev``, ``h_q_root`` ``[R, H]``."""
+        pre = self._prefill(seq, positions, sampling)
+        return {k: v for k, v in pre.items() if k not in ("kv_t", "kv_d", "seconds")}
+
+    @torch.inference_mode()
+    def collect(self, seq: list[int], positions: list[int], sampling: Sampling, key: str) -> RootRows:
+        """Rows of the roots at ``positions`` of the token sequence ``seq`` (prompt + continuation)."""
+        out = RootRows(labels={m: [] for m in self.methods}, label_se={m: [] for m in self.methods})
+        if not positions:
+            return out
+        pre = self._prefill(seq, positions, sampling)
+        scalars = probability_scalars(pre["p_prev"], pre["q_prev"], pre["q_root"])  # [R, 6]
+        share = {k: v / len(positions) for k, v in pre["seconds"].items()}
+        for i, r in enumerate(positions):
+            rows = self._labels(pre["kv_t"], pre["kv_d"], seq, r, pre["q_root"][i], sampling,
+                                root_seed(self.seed, key, r))
+            out.position.append(r)
+            out.root_token.append(int(seq[r]))
+            for name in ("h_p_prev", "h_q_prev", "h_q_root"):
+                getattr(out, name).append(pre[name][i].astype(np.float16))
+            out.probability_scalars.append(scalars[i])
+            for m in self.methods:
+                out.labels[m].append(rows["mean"][m])
+                out.label_se[m].append(rows["se"][m])
+            for part in ("draft", "target"):
+                out.seconds[part].append(rows["seconds"][part] + share[part])
+            out.seconds["labels"].append(rows["seconds"]["labels"])
+        return out
+
+    def _labels(self, kv_t: KVState, kv_d: KVState, seq: list[int], r: int, q_root: np.ndarray,
+                sampling: Sampling, rng: np.random.Generator) -> dict:
+        """Ê(c, a) at root r: mean over the forest's union trees, per method (and its standard error)."""
+        t0 = time.perf_counter()
+        draft_kv = kv_d.fork(r + 1)  # context + root
+        drafted = draft_layout(draft_kv, r, q_root, self.parents, self.depths, sampling, self.vocab_size, rng)
+        t1 = time.perf_counter()
+        forest = DraftTree(self.space.max_action, drafted.tokens, self.parents, self.depths, self.children,
+                           drafted.q_rows)
+        logits, _ = target_tree_pass(kv_t.fork(r), int(seq[r]), forest)
+        p_rows = prob_rows(logits, sampling, self.vocab_size)  # [n, V]
+        t2 = time.perf_counter()
+        m = self.union_nodes
+        per_tree: dict[str, list[np.ndarray]] = {name: [] for name in self.methods}
+        for i in range(self.num_trees):
+            idx = np.concatenate([[0], np.arange(1 + i * (m - 1), 1 + (i + 1) * (m - 1))])
+            union = union_from_tokens(self.space, drafted.tokens[idx], drafted.q_rows[idx])
+            values, _ = union_labels(union, p_rows[idx], self.methods, validate=False)
+            for name in self.methods:
+                per_tree[name].append(values[name])
+        t3 = time.perf_counter()
+        stacked = {k: np.stack(v) for k, v in per_tree.items()}  # [s, A]
+        se = {k: (v.std(axis=0, ddof=1) / np.sqrt(v.shape[0]) if v.shape[0] > 1 else np.zeros(v.shape[1]))
+              for k, v in stacked.items()}
+        return {"mean": {k: v.mean(axis=0) for k, v in stacked.items()}, "se": se,
+                "seconds": {"draft": t1 - t0, "target": t2 - t1, "labels": t3 - t2}}

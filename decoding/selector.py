@@ -1,0 +1,89 @@
+"""The selector protocol: how the decoder asks for the action of each step (numpy only, no torch).
+
+A *policy* is a static `Action` (the same tree shape every step) or a *selector*: any object with
+
+    select(features: RootFeatures) -> Action
+
+and two optional attributes that tell the engine what to compute before calling it:
+- ``needs_hidden_states`` (default False): fill the ``h_*`` fields (an ``output_hidden_states`` pass);
+- ``needs_draft`` (default True): run the draft's root step first, so ``q_root`` / ``q_prev`` are filled.
+  A selector that reads only target-side features sets it False: when it then declines to speculate
+  (an action with an empty tree) the step is exactly one plain target step, and the draft catches up
+  on the skipped tokens only when a later step drafts a tree.
+
+This module is the whole protocol: the ONNX runtime (`export/runtime.py`), trained selectors and any
+heuristic implement it the same way. `RootFeatures` holds the raw features of ALGORITHMS.md section 5,
+all available at the root without an extra target pass (the *root* is the last emitted token, not yet
+seen by the target; "prev" is the token before it). Turning them into the selector's input vector
+(entropies, KL, latencies) is `decoding.features`' job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .actions import Action
+from .sampling import Sampling
+
+
+@dataclass
+class RootFeatures:
+    """What a selector may look at when choosing the action of a step (numpy arrays only)."""
+
+    context_length: int  # tokens before the root (prompt + emitted so far, root excluded)
+    sampling: Sampling
+    p_prev: np.ndarray | None  # [V] p(.|context): target row from the last target pass (None before any)
+    q_prev: np.ndarray | None = None  # [V] q(.|context): draft row at the token before the root
+    q_root: np.ndarray | None = None  # [V] q(.|context + root) (None when the draft has not run)
+    h_p_prev: np.ndarray | None = None  # [H_p] target last-layer hidden state at the token before the root
+    h_q_prev: np.ndarray | None = None  # [H_q] draft last-layer hidden state at the token before the root
+    h_q_root: np.ndarray | None = None  # [H_q] ... at the root
+
+
+@runtime_checkable
+class Selector(Protocol):
+    """Chooses an action at each root (see module docstring)."""
+
+    def select(self, features: RootFeatures) -> Action: ...
+
+
+class StaticPolicy:
+    """The same action at every step, as a selector (it ignores its features and costs nothing)."""
+
+    needs_hidden_states = False
+    needs_draft = False
+
+    def __init__(self, action: Action) -> None:
+        self.action = action
+
+    def select(self, features: RootFeatures) -> Action:
+        return self.action
+
+    def __repr__(self) -> str:
+        return f"StaticPolicy({self.action})"
+
+
+def as_policy(policy: Action | Selector) -> Selector:
+    """``policy`` as a selector: an `Action` becomes a `StaticPolicy`; anything else needs ``select``."""
+    if isinstance(policy, Action):
+        return StaticPolicy(policy)
+    if callable(getattr(policy, "select", None)):
+        return policy
+    raise TypeError(f"policy must be an Action or a selector with select(features) -> Action, "
+                    f"got {type(policy).__name__}")
+
+
+def static_action(policy: Selector) -> Action | None:
+    """The fixed action of a static policy, else None."""
+    return policy.action if isinstance(policy, StaticPolicy) else None
+
+
+def needs_hidden_states(policy: Selector) -> bool:
+    return bool(getattr(policy, "needs_hidden_states", False))
+
+
+def needs_draft(policy: Selector) -> bool:
+    return bool(getattr(policy, "needs_draft", True))

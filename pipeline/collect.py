@@ -1,0 +1,290 @@
+"""``branchpoint collect``: stage collect, features + measured block efficiency at every root.
+
+Reads: the trajectories (``trajectories.out``; splits ``collect.splits``, never the draft's prompts), the
+pair (``model.*``), the latency profile (``profile.out``, for the metrics only), params ``actions.*`` and
+``collect.*``. Writes: ``collect.out`` (Parquet shards + manifests, `data_collection.dataset`) and
+``collect.metrics`` (metrics/collect.json).
+
+Scale-out: ``--shard i/N`` (or torchrun's RANK / WORLD_SIZE) takes the prompts whose stable hash falls in
+part i and writes only its own shards and ``manifest-<i>of<N>.json``; ``--merge`` joins the parts into
+``manifest.json`` and writes the metrics (done automatically when N = 1). An interrupted run resumes
+where it stopped (a shard is the unit); a run with a different configuration refuses to append unless
+``--restart`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="collect only part I of N of the prompts (default: RANK/WORLD_SIZE under torchrun, "
+                             "else 0/1)")
+    parser.add_argument("--merge", action="store_true",
+                        help="join the finished parts' manifests into manifest.json and write the metrics")
+    parser.add_argument("--restart", action="store_true",
+                        help="delete collect.out first (needed after a configuration change)")
+    parser.add_argument("--restart-on-change", action="store_true",
+                        help="delete collect.out only when it was collected with another configuration "
+                             "(what `dvc repro` uses: changed params mean stale labels)")
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        return (int(rank), int(world)) if rank is not None and world is not None else (0, 1)
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/2") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+    return i, n
+
+
+def prompt_part(prompt_id: str, count: int) -> int:
+    """The part (of ``count``) a prompt belongs to: a stable hash, so every process agrees."""
+    return int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "little") % count
+
+
+def trajectory_key(t) -> str:
+    return f"{t.prompt_id}|T={t.temperature}|top_p={t.top_p}|{t.sample}"
+
+
+def folder_digest(path: str | Path) -> str:
+    """sha256 over the files of a folder (or one file): the identity of an input artifact."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _header(cfg, pair, space) -> dict:
+    import numpy
+    import torch
+    import transformers
+
+    from data_collection.dataset import FORMAT_VERSION, config_hash
+    from decoding.features import FeatureSchema
+    from models.loading import parse_spec
+
+    scheme, rest = parse_spec(cfg.model.draft)
+    draft_id = folder_digest(rest) if scheme == "self_draft" else cfg.model.draft
+    c = cfg.collect
+    config = {
+        "model": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
+                  "dtype": cfg.model.dtype},
+        "trajectories": folder_digest(cfg.trajectories.out),
+        "actions": {"K": cfg.actions.K, "L1": cfg.actions.L1, "L2": cfg.actions.L2},
+        "collect": {k: getattr(c, k) for k in ("splits", "methods", "num_trees", "root_stride",
+                                                "max_roots_per_trajectory", "shard_size", "seed")},
+    }
+    hidden = {"target": int(pair.target.config.hidden_size), "draft": int(pair.draft.config.hidden_size)}
+    return {
+        "format_version": FORMAT_VERSION, "config_hash": config_hash(config), "config": config,
+        "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
+                 "vocab_size": pair.vocab_size, "tokenizer": type(pair.tokenizer).__name__,
+                 "tokenizer_size": len(pair.tokenizer), "hidden_sizes": hidden},
+        "actions": [str(a) for a in space], "grid": config["actions"], "methods": list(c.methods),
+        "num_trees": c.num_trees, "root_stride": c.root_stride,
+        "schema": FeatureSchema.for_pair("paper", hidden["target"], hidden["draft"]).to_dict(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "numpy": numpy.__version__},
+    }
+
+
+def _table(trajs, rows_list, methods, space_size: int):
+    """One shard's pyarrow table from the collected rows of its trajectories."""
+    import numpy as np
+    import pyarrow as pa
+
+    from decoding.features import PROBABILITY_SCALARS
+
+    cols: dict[str, list] = {k: [] for k in ("key", "prompt_id", "source", "split", "temperature", "top_p",
+                                             "sample", "position", "context_length", "root_token")}
+    hidden = {k: [] for k in ("h_p_prev", "h_q_prev", "h_q_root")}
+    scalars: list[np.ndarray] = []
+    labels = {m: [] for m in methods}
+    se = {m: [] for m in methods}
+    secs = {k: [] for k in ("draft", "target", "labels")}
+    for t, rows in zip(trajs, rows_list, strict=True):
+        for i, r in enumerate(rows.position):
+            for k, v in (("key", trajectory_key(t)), ("prompt_id", t.prompt_id), ("source", t.source),
+                         ("split", t.split), ("temperature", t.temperature), ("top_p", t.top_p),
+                         ("sample", t.sample), ("position", r), ("context_length", r),
+                         ("root_token", rows.root_token[i])):
+                cols[k].append(v)
+            for k in hidden:
+                hidden[k].append(getattr(rows, k)[i])
+            scalars.append(rows.probability_scalars[i])
+            for m in methods:
+                labels[m].append(rows.labels[m][i])
+                se[m].append(rows.label_se[m][i])
+            for k in secs:
+                secs[k].append(rows.seconds[k][i])
+    types = {"key": pa.string(), "prompt_id": pa.string(), "source": pa.string(), "split": pa.string(),
+             "temperature": pa.float32(), "top_p": pa.float32(), "sample": pa.int32(), "position": pa.int32(),
+             "context_length": pa.int32(), "root_token": pa.int32()}
+    arrays = {k: pa.array(v, type=types[k]) for k, v in cols.items()}
+
+    def fixed(vectors: list, dtype, width: int):
+        flat = np.concatenate([np.asarray(v).reshape(-1) for v in vectors]) if vectors else np.zeros(0)
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat.astype(dtype.to_pandas_dtype())), width)
+
+    for k, v in hidden.items():
+        width = int(np.asarray(v[0]).shape[0]) if v else 1
+        arrays[k] = fixed(v, pa.float16(), width)
+    sc = np.stack(scalars) if scalars else np.zeros((0, len(PROBABILITY_SCALARS)))
+    for j, name in enumerate(PROBABILITY_SCALARS):
+        arrays[name] = pa.array(sc[:, j].astype(np.float32))
+    for m in methods:
+        arrays[f"E_{m}"] = fixed(labels[m], pa.float32(), space_size)
+        arrays[f"E_se_{m}"] = fixed(se[m], pa.float32(), space_size)
+    for k, v in secs.items():
+        arrays[f"seconds_{k}"] = pa.array(v, type=pa.float32())
+    return pa.table(arrays)
+
+
+def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_change: bool) -> dict:
+    """Collect this process's part; returns its manifest."""
+    from tqdm.auto import tqdm
+
+    from data_collection.collect import RootCollector, root_positions
+    from data_collection.dataset import DatasetError, ShardWriter
+    from data_collection.trajectories import load_trajectories
+    from decoding.sampling import Sampling
+    from models.draft_data import eos_ids
+
+    c, space = cfg.collect, cfg.actions.space()
+    trajs = load_trajectories(cfg.trajectories.out, splits=c.splits)
+    if not trajs:
+        raise ValueError(f"no trajectories of splits {c.splits} in {cfg.trajectories.out}; check prompts.split "
+                         "and rerun `branchpoint trajectories`")
+    mine = sorted((t for t in trajs if prompt_part(t.prompt_id, count) == index), key=trajectory_key)
+    eos = set(eos_ids(pair.tokenizer, pair.target))
+    positions = []
+    for t in mine:
+        pos = root_positions(len(t.prompt_ids), list(t.prompt_ids) + list(t.continuation_ids), c.root_stride, eos)
+        positions.append(pos[: c.max_roots_per_trajectory] if c.max_roots_per_trajectory else pos)
+    header = {**_header(cfg, pair, space), "shard": {"index": index, "count": count}}
+    try:
+        writer = ShardWriter(c.out, index, count, header, restart=restart)
+    except DatasetError:
+        if not restart_on_change:
+            raise
+        print(f"collect: {c.out} was collected with another configuration; starting over (--restart-on-change)")
+        writer = ShardWriter(c.out, index, count, header, restart=True)
+    collector = RootCollector(pair.target, pair.draft, pair.vocab_size, space, c.methods, c.num_trees, c.seed)
+    chunks = [range(k, min(k + c.shard_size, len(mine))) for k in range(0, len(mine), c.shard_size)]
+    total = sum(len(p) for p in positions)
+    bar = tqdm(total=total, desc=f"collect {index}/{count}", unit="root", mininterval=2.0)
+    for ci, chunk in enumerate(chunks):
+        n_roots = sum(len(positions[j]) for j in chunk)
+        if writer.done(ci):
+            bar.update(n_roots)
+            continue
+        rows_list = []
+        for j in chunk:
+            t = mine[j]
+            seq = list(t.prompt_ids) + list(t.continuation_ids)
+            rows = collector.collect(seq, positions[j], Sampling(t.temperature, t.top_p), trajectory_key(t))
+            rows_list.append(rows)
+            bar.update(len(rows))
+        writer.write(ci, _table([mine[j] for j in chunk], rows_list, c.methods, len(space)))
+    bar.close()
+    writer.manifest["complete"] = True
+    from data_collection.dataset import write_json_atomic
+
+    write_json_atomic(writer.path, writer.manifest)
+    return writer.manifest
+
+
+def collect_metrics(cfg) -> dict:
+    """metrics/collect.json from the merged dataset and the latency profile (see README / issue notes)."""
+    import numpy as np
+
+    from data_collection import throughput
+    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from decoding.actions import Action
+    from decoding.latency import LatencyModel
+
+    c, space = cfg.collect, cfg.actions.space()
+    manifest = read_manifest(c.out)
+    ds = load_collected(c.out)
+    latency = LatencyModel.load(cfg.profile.out)
+    ctx = np.asarray(ds["context_length"])
+    split = np.asarray(ds["split"])
+    temps, tops = np.asarray(ds["temperature"]), np.asarray(ds["top_p"])
+    T = np.stack([latency.step_seconds(int(l), space) for l in ctx])  # [N, A]
+    ar = space.index(Action(1, 0, 0)) if Action(1, 0, 0) in space else None
+    secs = {k: float(np.mean(ds[f"seconds_{k}"])) for k in ("draft", "target", "labels")}
+    out: dict = {
+        "roots": int(len(ds)), "roots_per_split": {s: int((split == s).sum()) for s in ("train", "val", "test")},
+        "seconds_per_root": {**secs, "total": sum(secs.values())},
+        "actions": len(space), "num_trees": c.num_trees, "config_hash": manifest["config_hash"],
+        "latency_profile": cfg.profile.out, "methods": {},
+    }
+    fit = split == "train" if (split == "train").any() else np.ones(len(ds), bool)
+    ev = split == "test" if (split == "test").any() else np.ones(len(ds), bool)
+    labels = {m: label_matrix(ds, m) for m in c.methods}
+    trav_static = None
+    if "traversal" in labels:
+        trav_static = throughput.best_static(labels["traversal"][fit], T[fit])
+    for m, E in labels.items():
+        entry: dict = {"mean_label_all_actions": float(np.nanmean(E)), "by_sampling": {}}
+        if ar is not None:
+            s = throughput.summary(E[fit], T[fit], E[ev], T[ev], ar)
+            s["best_static"] = str(space[s.pop("best_static_index")])
+            if trav_static is not None:
+                trav = throughput.realized_tps(labels["traversal"][ev], T[ev], np.full(ev.sum(), trav_static))
+                s["oracle_vs_traversal_best_static"] = s["tps_oracle"] / trav
+            entry.update(s)
+        for temp, top in sorted(set(zip(temps.tolist(), tops.tolist()))):
+            sel = (temps == temp) & (tops == top)
+            f, e = sel & fit, sel & ev
+            if f.any() and e.any() and ar is not None:
+                s = throughput.summary(E[f], T[f], E[e], T[e], ar)
+                s["best_static"] = str(space[s.pop("best_static_index")])
+                entry["by_sampling"][f"T={temp:g},top_p={top:g}"] = {**s, "roots_fit": int(f.sum()),
+                                                                    "roots_eval": int(e.sum())}
+        out["methods"][m] = entry
+    out["note"] = ("best static chosen on train roots, measured on test roots; oracle = per-root argmax E/T; "
+                   "TPS from labels and the latency profile (no feature cost)")
+    return out
+
+
+def run(cfg, args) -> int:
+    import torch
+
+    from data_collection.dataset import merge_manifests, write_json_atomic
+    from models.loading import load_pair
+
+    index, count = parse_shard(args.shard)
+    if not args.merge:
+        torch.set_num_threads(cfg.model.threads)
+        start = time.perf_counter()
+        pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+        collect_part(cfg, pair, index, count, args.restart, args.restart_on_change)
+        print(f"collect: part {index}/{count} done in {time.perf_counter() - start:.0f} s -> {cfg.collect.out}")
+        if count > 1:
+            print("collect: run `branchpoint collect --merge` once every part has finished")
+            return 0
+    merged = merge_manifests(cfg.collect.out)
+    metrics = collect_metrics(cfg)
+    write_json_atomic(cfg.collect.metrics, metrics)
+    print(f"collect: {merged['rows']} roots in {len(merged['shards'])} shards; metrics -> {cfg.collect.metrics}")
+    for m, e in metrics["methods"].items():
+        if "oracle_vs_ar" in e:
+            print(f"  {m:10s} best static {e['best_static']:>6s}: {e['best_static_vs_ar']:.3f}x AR; "
+                  f"oracle {e['oracle_vs_ar']:.3f}x AR, {e['oracle_vs_best_static']:.3f}x best static")
+    print(json.dumps(metrics["seconds_per_root"]))
+    return 0
