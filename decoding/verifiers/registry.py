@@ -22,6 +22,7 @@ import numpy as np
 from ..tree import DraftTree
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
+from .gbv import GBVMethod
 from .delayed_labels import UnionContext, per_action_labels, repeated_verification
 from .khisti import KhistiSolver
 from .ot import OTMethod, make_ot_methods
@@ -109,6 +110,7 @@ def _build() -> dict[str, VerificationMethod]:
                  description="Khisti et al. importance-weighted selection (pairwise LP tournament)"),
         BottomUpMethod("traversal", *fns, description="Traversal Verification (bottom-up, sequence level)"),
         BottomUpMethod("bv", *fns, chains_only=True, description="Block Verification (= traversal on chains)"),
+        GBVMethod(),
     ]
     return {m.name: m for m in methods}
 
