@@ -6,7 +6,8 @@ exact-enumeration harness (decoding/exact.py) treats all entries alike.
 
 Names: ``naive`` (standard speculative sampling; chains only, on trees use ``naive_tree``), ``nss``,
 ``naive_tree``, ``specinfer``, ``spectr``, ``khisti`` (OT-based), ``traversal`` (Traversal
-Verification) and ``bv`` (Block Verification = traversal restricted to chains). Traversal's test
+Verification), ``bv`` (Block Verification = traversal restricted to chains) and ``gbv`` (greedy
+multi-path Block Verification, gbv.py). Traversal's test
 sequence is fixed by the tree (traversal.py), so its block efficiency is exact too. ``khisti`` and
 ``traversal``/``bv`` live in khisti.py and traversal.py.
 """
@@ -22,8 +23,8 @@ import numpy as np
 from ..tree import DraftTree
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
-from .gbv import GBVMethod
 from .delayed_labels import UnionContext, per_action_labels, repeated_verification
+from .gbv import GBVMethod
 from .khisti import KhistiSolver
 from .ot import OTMethod, make_ot_methods
 
