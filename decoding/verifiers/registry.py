@@ -20,6 +20,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from ..errors import UserInputError
 from ..tree import DraftTree
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
@@ -124,8 +125,8 @@ def get_method(method: str | VerificationMethod) -> VerificationMethod:
     if not isinstance(method, str):
         if isinstance(method, VerificationMethod):
             return method
-        raise ValueError(f"method must be a registry name or a VerificationMethod, got {type(method).__name__}")
+        raise UserInputError(f"method must be a registry name or a VerificationMethod, got {type(method).__name__}")
     try:
         return METHODS[method]
     except KeyError:
-        raise ValueError(f"unknown verification method {method!r}; known: {', '.join(sorted(METHODS))}") from None
+        raise UserInputError(f"unknown verification method {method!r}; known: {', '.join(sorted(METHODS))}") from None
