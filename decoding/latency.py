@@ -65,8 +65,16 @@ class LatencyProfileError(ValueError):
     """A latency profile (file or arrays) is malformed; the message says what and where."""
 
 
+def _numbers(name: str, values) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise LatencyProfileError(f"latency profile: {name} must be numbers in a regular (not ragged) array, "
+                                  f"got {str(values)[:80]}") from None
+
+
 def _grid(name: str, values, minimum: float, first: float | None = None) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.float64)
+    arr = _numbers(name, values)
     if arr.ndim != 1 or arr.size == 0:
         raise LatencyProfileError(f"latency profile: {name} must be a non-empty list, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or arr[0] < minimum:
@@ -79,7 +87,7 @@ def _grid(name: str, values, minimum: float, first: float | None = None) -> np.n
 
 
 def _times(name: str, values, shape: tuple[int, int]) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.float64)
+    arr = _numbers(name, values)
     if arr.shape != shape:
         raise LatencyProfileError(f"latency profile: {name} must have shape {list(shape)} "
                                   f"(contexts x counts), got {list(arr.shape)}")

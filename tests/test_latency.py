@@ -138,6 +138,7 @@ def test_save_load_round_trip(tmp_path):
     (lambda d: d.update(contexts=[100, 400, 200]), "contexts must be strictly ascending"),
     (lambda d: d.update(feature_seconds=-1), "feature_seconds must be finite and > 0"),
     (lambda d: d.update(format_version=99), "re-run `branchpoint profile`"),
+    (lambda d: d["draft_seconds"][2].pop(), "draft_seconds must be numbers in a regular"),
 ])
 def test_malformed_profile_is_a_clear_error(tmp_path, change, fragment):
     d = json.loads(json.dumps(toy().to_dict()))
