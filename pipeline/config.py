@@ -205,6 +205,31 @@ class ProfileConfig:
                              f"{self.repeats}, {self.feature_repeats}, {self.warmup}")
 
 
+@dataclass
+class TrackingConfig:
+    """MLflow for every stage (pipeline/tracking.py); MLFLOW_TRACKING_URI, when set, wins over ``uri``."""
+
+    uri: str = "sqlite:///mlflow.db"  # git-ignored local store
+    experiment: str = "branchpoint"  # one experiment; runs are tagged with their stage and git revision
+
+
+@dataclass
+class ExportConfig:
+    """Stage export: the trained selector (train.out) as ONNX + sidecar (export/)."""
+
+    out: str = "artifacts/selector"  # selector.onnx + selector.json; `decode --selector` reads it
+    parity_rows: int = 256  # held-out roots the ONNX graph must reproduce
+    atol: float = 1.0e-4  # max |torch - onnxruntime| of the predicted block efficiency
+    mlflow: bool = True  # log the ONNX model and register it
+    registered_model: str = "branchpoint-selector"
+
+    def validate(self) -> None:
+        if self.parity_rows < 1:
+            raise ValueError(f"parity_rows must be >= 1, not {self.parity_rows}")
+        if not self.atol > 0:
+            raise ValueError(f"atol must be > 0, not {self.atol}")
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "prompts": PromptsConfig,
@@ -213,6 +238,8 @@ SECTIONS: dict[str, type] = {
     "train_draft": TrainDraftConfig,
     "actions": ActionsConfig,
     "collect": CollectConfig,
+    "tracking": TrackingConfig,
+    "export": ExportConfig,
     "profile": ProfileConfig,
 }
 
@@ -226,6 +253,8 @@ class Config:
     train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     source: str = "<defaults>"  # where the values came from, for messages
 
