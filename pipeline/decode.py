@@ -28,38 +28,15 @@ def _pick(flag, default):
     return default if flag is None else flag
 
 
-def encode_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:
-    """Token ids of ``text``, wrapped in the chat template when asked for and available."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
-    else:
-        ids = tokenizer(text)["input_ids"]
-    if not ids:
-        raise ValueError("the prompt encodes to zero tokens; give a non-empty --prompt")
-    return list(ids)
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    """EOS ids of the tokenizer and of the target's generation config."""
-    out = set()
-    if tokenizer.eos_token_id is not None:
-        out.add(int(tokenizer.eos_token_id))
-    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen is not None:
-        out.update(int(t) for t in (gen if isinstance(gen, (list, tuple)) else [gen]))
-    return sorted(out)
-
-
 def run(cfg, args) -> int:
     import torch
 
+    from data_collection.prompts import encode_prompt
     from decoding.actions import parse_action
     from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
     from decoding.sampling import Sampling
     from decoding.verifiers import get_method
-    from models.loading import load_pair
+    from models.loading import eos_ids, load_pair
 
     method = _pick(args.method, cfg.decode.method)
     if method != AUTOREGRESSIVE:
@@ -75,7 +52,7 @@ def run(cfg, args) -> int:
     draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
     pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
     load_s = time.perf_counter() - start
-    ids = encode_prompt(pair.tokenizer, prompt, cfg.decode.chat_template and not args.no_chat_template)
+    ids = encode_prompt(prompt, pair.tokenizer, cfg.decode.chat_template and not args.no_chat_template)
     decoder = SpeculativeDecoder(pair.target, None if method == AUTOREGRESSIVE else pair.draft, pair.vocab_size,
                                  eos_ids(pair.tokenizer, pair.target))
     result = decoder.generate(ids, max_new, method, action, sampling, seed)
