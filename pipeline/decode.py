@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help="default: sampling.top_p")
     parser.add_argument("--seed", type=int, help="default: decode.seed")
     parser.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
+    parser.add_argument("--selector", metavar="FOLDER",
+                        help="choose the action (and, for method auto, the method) of every step with an exported "
+                             "selector (e.g. artifacts/selector, written by `branchpoint export`)")
+    parser.add_argument("--latency", metavar="FILE",
+                        help="with --selector: price actions with this latency profile (`branchpoint profile` on "
+                             "this machine) instead of the one the selector was trained with")
     parser.add_argument("--json", metavar="FILE", help="also write the tokens, text and statistics to FILE")
 
 
@@ -42,6 +48,13 @@ def run(cfg, args) -> int:
     if method != AUTOREGRESSIVE:
         get_method(method)  # unknown names fail before any model is loaded
     action = parse_action(_pick(args.action, cfg.decode.action))
+    policy = action
+    if args.selector:
+        from export.runtime import SelectorRuntime
+
+        policy = SelectorRuntime(args.selector, latency=args.latency)
+        if method == AUTOREGRESSIVE:
+            method = policy.methods[0]
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))
     max_new = _pick(args.max_new_tokens, cfg.decode.max_new_tokens)
     seed = _pick(args.seed, cfg.decode.seed)
@@ -55,13 +68,13 @@ def run(cfg, args) -> int:
     ids = encode_prompt(prompt, pair.tokenizer, cfg.decode.chat_template and not args.no_chat_template)
     decoder = SpeculativeDecoder(pair.target, None if method == AUTOREGRESSIVE else pair.draft, pair.vocab_size,
                                  eos_ids(pair.tokenizer, pair.target))
-    result = decoder.generate(ids, max_new, method, action, sampling, seed)
+    result = decoder.generate(ids, max_new, method, policy, sampling, seed)
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
 
     print(f"pair: target {pair.target_spec}, draft {draft_spec if method != AUTOREGRESSIVE else '-'}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
           f"(loaded in {load_s:.1f} s)")
-    shape = "" if method == AUTOREGRESSIVE else f", action {action}"
+    shape = "" if method == AUTOREGRESSIVE else f", action {action}" if policy is action else f", {policy}"
     print(f"prompt: {len(ids)} tokens; sampling T={sampling.temperature}, top_p={sampling.top_p}, seed {seed}{shape}")
     print("-" * 72)
     print(text)
@@ -70,7 +83,7 @@ def run(cfg, args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
-                       "action": str(action), "sampling": {"temperature": sampling.temperature,
+                       "action": str(action) if policy is action else str(policy), "sampling": {"temperature": sampling.temperature,
                                                            "top_p": sampling.top_p},
                        "stats": result.stats.to_dict()}, f, indent=2)
     return 0

@@ -23,7 +23,8 @@ def test_every_stage_runs_a_branchpoint_subcommand():
 
 
 def test_deps_exist_and_params_are_config_keys():
-    outs = {out for stage in stages().values() for out in stage.get("outs", [])}
+    outs = {out if isinstance(out, str) else next(iter(out))  # a path, or {path: {persist: true}}
+            for stage in stages().values() for out in stage.get("outs", [])}
     for name, stage in stages().items():
         for dep in stage.get("deps", []):
             assert dep in outs or (ROOT / dep).exists(), f"stage {name}: dep {dep} does not exist"
