@@ -24,6 +24,8 @@ COMMANDS = {
                                     "(stage collect)"),
     "export": ("pipeline.export", "export the trained selector to ONNX + sidecar, check parity, register it "
                                   "(stage export)"),
+    "evaluate": ("pipeline.evaluate", "decode TEST prompts with every policy end to end; report, plots and findings "
+                                      "(stage evaluate)"),
 }
 
 

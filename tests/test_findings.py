@@ -72,8 +72,13 @@ def test_claim1_holds_and_fails_where_an_ot_method_wins_one_action():
     labels["specinfer"][:, SPACE.index(Action(2, 0, 2))] *= 1.2  # now above traversal (x 1.1)
     c = claim_root_branching(labels, SPACE)
     assert not c["holds"] and c["per_method"]["specinfer"]["wins"] == 1
+    assert c["per_method"]["specinfer"]["losses"] == 1
     assert c["per_method"]["specinfer"]["worst_action"] == "2,0,2"
     assert c["per_method"]["nss"]["wins"] == 2
+    labels = table()
+    labels["traversal"] = labels["specinfer"].copy()  # equal everywhere: ties, no win
+    c = claim_root_branching(labels, SPACE)
+    assert c["per_method"]["specinfer"]["ties"] == 2 and not c["holds"]
 
 
 def test_claim2_compares_matched_tree_sizes():
