@@ -5,7 +5,6 @@ selector; checks every output (metrics, plot data, report and figures, MLflow ru
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
