@@ -199,6 +199,27 @@ def findings(labels: dict[str, np.ndarray], space: ActionSpace, temperature: np.
             "gbv": gbv_comparison(labels, space, temperature)}
 
 
+def headline(f: dict) -> dict[str, float]:
+    """A few flat numbers of the findings (for `dvc metrics diff`): verdicts as 0/1 and the main gains."""
+    out: dict[str, float] = {}
+    c1, c2, c3, g = (f[k] for k in ("claim1_traversal_beats_ot_at_root_branching",
+                                    "claim2_delay_raises_ot_block_efficiency",
+                                    "claim3_ot_acceptance_falls_with_depth", "gbv"))
+    for name, c in (("claim1", c1), ("claim2", c2), ("claim3", c3)):
+        if c.get("testable"):
+            out[f"{name}_holds"] = float(c["holds"])
+    if c1.get("testable"):
+        out["claim1_traversal_vs_best_ot"] = c1["mean_gain_over_best_ot"]
+    if c2.get("testable"):
+        out["claim2_delay_gain_mean_over_ot"] = float(np.mean([c2["per_method"][m]["mean_gain"]
+                                                               for m in c2["ot_methods"]]))
+    if g.get("testable"):
+        for fam, groups in g["families"].items():
+            for m in g["methods"][1:]:
+                out[f"gbv_vs_{m}_{fam}"] = groups["all"][f"gbv_vs_{m}"]
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 

@@ -103,6 +103,7 @@ def run(cfg, args) -> int:
 
     from data_collection import online_eval as oe
     from data_collection.findings import findings
+    from data_collection.findings import headline as findings_headline
     from data_collection.paired_stats import gain_by, policy_table
     from decoding.engine import SpeculativeDecoder
     from decoding.latency import LatencyModel
@@ -167,7 +168,7 @@ def run(cfg, args) -> int:
         "chosen": {p.name: oe.chosen(runs, p.name) for p in policies if p.kind == "selector"},
         "offline": {"test_roots": int(test.sum()), "fit_roots": int(fit.sum()), "statics": offline,
                     "selector": _train_summary(train_metrics)},
-        "findings": found,
+        "findings": found, "findings_summary": findings_headline(found),
         "note": ("tokens/s = sum new tokens / sum wall seconds (prefill included) over prompts x seeds; intervals: "
                  f"{ec.ci:.0%} percentile bootstrap over prompts ({ec.bootstrap} resamples), paired by prompt and seed "
                  "for ratios; offline = realized TPS from TEST labels and the latency profile; best statics chosen "

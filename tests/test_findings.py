@@ -13,6 +13,7 @@ from data_collection.findings import (
     families,
     findings,
     gbv_comparison,
+    headline,
     markdown,
 )
 from decoding.actions import Action, ActionSpace
@@ -135,3 +136,5 @@ def test_findings_and_markdown():
     assert "1. **Traversal beats every OT method at root branching: holds.**" in text
     assert "2. **Delaying the branch point" in text and "3. **OT acceptance" in text
     assert "| root_branching | T=0.6 | 3 |" in text
+    h = headline(f)
+    assert h["claim1_holds"] == 1.0 and h["gbv_vs_traversal_root_branching"] == pytest.approx(1.05 / 1.1 - 1, abs=0.02)
