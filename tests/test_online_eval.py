@@ -1,0 +1,60 @@
+"""The evaluate stage's policy arithmetic (data_collection/online_eval.py) on hand-made labels and runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_collection.online_eval import CHAIN, best_statics, chosen, depth_acceptance, offline_tps
+from decoding.actions import Action, ActionSpace
+
+SPACE = ActionSpace(range(1, 3), range(0, 2), range(0, 2))  # (1,0,0) (1,0,1) (1,1,0) (1,1,1) (2,0,0) ...
+
+
+def _labels():
+    T = np.tile([1.0 + a.tree_size * 0.5 for a in SPACE], (4, 1))  # seconds grow with the tree
+    E = np.tile([1.0 + 0.2 * a.tree_size + (0.8 if a == Action(2, 1, 1) else 0.0) for a in SPACE], (4, 1))
+    E[:, [i for i, a in enumerate(SPACE) if a.L2 == 0]] = np.tile(
+        [1.0 + 0.2 * a.L1 for a in SPACE if a.L2 == 0], (4, 1))
+    return {"specinfer": E, "traversal": E + 0.01}, T
+
+
+def test_best_statics_speculate_and_the_chain_stays_a_chain():
+    labels, T = _labels()
+    st = best_statics(labels, T, SPACE, ["traversal", "specinfer"])
+    # E/T: every tree loses to autoregressive (at best 2.4 / 2.5 < 1), yet a static policy must speculate
+    assert all(SPACE[a].tree_size > 0 for _, a in st.values())
+    assert st["static:specinfer"] == ("specinfer", SPACE.index(Action(2, 1, 1)))  # its +0.8 wins among trees
+    method, a = st[CHAIN]
+    assert method == "naive" and SPACE[a].is_chain and SPACE[a].tree_size > 0
+    assert CHAIN not in best_statics(labels, T, SPACE, ["traversal"], chain=False)
+    assert CHAIN not in best_statics({"traversal": labels["traversal"]}, T, SPACE, ["traversal"])  # no OT labels
+
+
+def test_offline_tps_is_labels_over_seconds_and_relative_to_autoregressive():
+    labels, T = _labels()
+    st = best_statics(labels, T, SPACE, ["specinfer"])
+    off = offline_tps(labels, T, st, SPACE)
+    assert off["autoregressive"]["tps"] == pytest.approx(1.0)  # E = 1 per step of 1 s
+    a = SPACE.index(Action(2, 1, 1))
+    assert off["static:specinfer"]["tps"] == pytest.approx(labels["specinfer"][0, a] / T[0, a])
+    assert off["static:specinfer"]["vs_autoregressive"] == pytest.approx(off["static:specinfer"]["tps"])
+    assert off["static:specinfer"]["action"] == "2,1,1"
+    assert offline_tps(labels, T[:0], st, SPACE) == {}
+
+
+def test_depth_acceptance_and_chosen_pool_the_runs_of_a_policy():
+    runs = [{"policy": "a", "depth_offered": [0, 4, 2], "depth_accepted": [0, 2, 1], "choices": {"x:1,1,1": 3}},
+            {"policy": "a", "depth_offered": [0, 4], "depth_accepted": [0, 1], "choices": {"autoregressive": 1}},
+            {"policy": "b", "depth_offered": [0, 2], "depth_accepted": [0, 2], "choices": {}}]
+    acc = depth_acceptance(runs)
+    assert acc["a"] == pytest.approx([3 / 8, 1 / 2]) and acc["b"] == pytest.approx([1.0])
+    assert chosen(runs, "a") == {"x:1,1,1": 0.75, "autoregressive": 0.25} and chosen(runs, "b") == {}
+
+
+def test_autoregressive_would_win_these_labels():
+    """The premise of the first test: on these labels the unrestricted best static is the empty tree."""
+    from data_collection.online_eval import throughput
+
+    labels, T = _labels()
+    assert SPACE[throughput.best_static(labels["specinfer"], T)].tree_size == 0
