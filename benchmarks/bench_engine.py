@@ -53,21 +53,24 @@ def load_default_pair(noise: float):
         draft = pair.draft
     except Exception as e:  # the self-draft artifact is built by a later stage
         pair = load_pair(cfg.model.target, cfg.model.target, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
-        draft = noisy_copy(pair.target, noise)
+        draft = noisy_draft(pair.target, noise)
         draft_note = (f"STAND-IN: copy of the target with noise {noise} x std on its last layer's MLP (as costly "
                       f"as the target, so tokens/s cannot beat autoregressive; block efficiency is meaningful). "
                       f"{cfg.model.draft} unavailable: {str(e).splitlines()[0][:160]}")
     return pair, draft.eval(), draft_note
 
 
-def noisy_copy(target, noise: float, seed: int = 0):
-    """A draft close to the target (early-exit drafts of SmolLM2 without an adapter overlap p by < 1%)."""
+def noisy_draft(target: torch.nn.Module, noise: float = 0.5, seed: int = 0) -> torch.nn.Module:
+    """A copy of ``target`` whose last decoder layer's MLP weights carry Gaussian noise (``noise`` x each
+    tensor's std): q close to p but not equal, so drafts are accepted often and rejected often. Early-
+    exit drafts of SmolLM2 without an adapter overlap p by < 1%, too little to exercise acceptance.
+    The stand-in draft of this benchmark and of the engine tests (tests/engine_helpers.py)."""
     draft = copy.deepcopy(target)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.model.layers[-1].mlp.parameters():
             p.add_(noise * p.std() * torch.randn(p.shape, generator=gen).to(p))
-    return draft
+    return draft.eval()
 
 
 def _median_time(fn, reps: int) -> float:

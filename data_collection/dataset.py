@@ -30,12 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
+from decoding.errors import UserInputError
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
 
 
-class DatasetError(ValueError):
+class DatasetError(UserInputError):
     """A collected dataset that is missing, corrupt or made with another configuration."""
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import datasets
 
+from decoding.errors import UserInputError
+
 COLUMNS = ("prompt_id", "source", "text")
 BUILTIN_SETS = ("writing", "math", "translation")
 MIXTURES = {"default": ("humaneval", "writing", "math", "translation")}
@@ -40,7 +42,7 @@ LOCAL_KEYS = {"path", "text_column", "id_column", "name", "format", "max_prompts
 HF_KEYS = {"hf", "config", "split", "revision", "text_column", "id_column", "name", "max_prompts"}
 
 
-class PromptSetError(ValueError):
+class PromptSetError(UserInputError):
     """A prompt spec or prompt file that cannot be turned into a prompt set."""
 
 

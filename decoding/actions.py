@@ -19,12 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import UserInputError
+
 
 def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"Action.{name} must be an int, got {value!r} ({type(value).__name__})")
+        raise UserInputError(f"Action.{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum:
-        raise ValueError(f"Action.{name} must be >= {minimum}, got {value}")
+        raise UserInputError(f"Action.{name} must be >= {minimum}, got {value}")
 
 
 @dataclass(frozen=True, order=True)
@@ -58,20 +60,20 @@ def parse_action(text: str) -> Action:
     """Parse ``"K,L1,L2"`` (e.g. ``"4,2,3"``; spaces allowed) into an Action."""
     parts = [s.strip() for s in str(text).split(",")]
     if len(parts) != 3:
-        raise ValueError(f"action {text!r}: expected 'K,L1,L2' (three comma-separated ints)")
+        raise UserInputError(f"action {text!r}: expected 'K,L1,L2' (three comma-separated ints)")
     try:
         k, l1, l2 = (int(s) for s in parts)
     except ValueError:
-        raise ValueError(f"action {text!r}: expected 'K,L1,L2' with integer fields") from None
+        raise UserInputError(f"action {text!r}: expected 'K,L1,L2' with integer fields") from None
     return Action(k, l1, l2)
 
 
 def _as_range(name: str, values: Sequence[int] | range) -> tuple[int, ...]:
     vals = tuple(values)
     if not vals:
-        raise ValueError(f"ActionSpace.{name}: empty range")
+        raise UserInputError(f"ActionSpace.{name}: empty range")
     if len(set(vals)) != len(vals) or list(vals) != sorted(vals):
-        raise ValueError(f"ActionSpace.{name}: values must be strictly increasing, got {vals}")
+        raise UserInputError(f"ActionSpace.{name}: values must be strictly increasing, got {vals}")
     return vals
 
 
@@ -96,7 +98,7 @@ class ActionSpace:
         try:
             return cls(**{f: range(int(cfg[f][0]), int(cfg[f][1]) + 1) for f in ("K", "L1", "L2")})
         except (KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"action space config {cfg!r}: expected keys K, L1, L2 with [min, max]") from e
+            raise UserInputError(f"action space config {cfg!r}: expected keys K, L1, L2 with [min, max]") from e
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -120,7 +122,7 @@ class ActionSpace:
         try:
             return self._index[action]
         except KeyError:
-            raise ValueError(f"action {action} is not in {self!r}") from None
+            raise UserInputError(f"action {action} is not in {self!r}") from None
 
     def canonical(self, action: Action) -> Action:
         """The representative whose label is computed: ``L2 = 0`` actions map to ``K = min(K)``."""

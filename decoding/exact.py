@@ -23,6 +23,7 @@ import numpy as np
 from .actions import Action
 from .tree import DraftTree, children_lists, tree_layout
 from .verifiers import VerificationMethod, get_method
+from .verifiers.ot import OTMethod
 
 Law = dict[tuple[int, ...], float]
 
@@ -119,11 +120,16 @@ class _CachedSolver:
             self._memo[key] = self.solver.output_distribution(p, q, children)
         return self._memo[key]
 
+    def chain_acceptance(self, p_x, q_x):
+        return self.solver.chain_acceptance(p_x, q_x)
+
+    def branch_weights(self, p, q, tokens, tables=None):
+        return self.solver.branch_weights(p, q, tokens, tables)
+
 
 def with_cache(method: VerificationMethod) -> VerificationMethod:
     """Same method; OT solvers memoised for enumeration (others returned unchanged)."""
-    if dataclasses.is_dataclass(method) and hasattr(method, "solver") \
-            and not isinstance(method.solver, _CachedSolver):
+    if isinstance(method, OTMethod) and not isinstance(method.solver, _CachedSolver):
         return dataclasses.replace(method, solver=_CachedSolver(method.solver))
     return method
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .errors import UserInputError
 from .selector import RootFeatures
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,7 +79,7 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
 }
 
 
-class FeatureError(ValueError):
+class FeatureError(UserInputError):
     """Features handed to a selector do not match its schema (names, shapes, NaN)."""
 
 

@@ -14,6 +14,11 @@ import numpy as np
 ROW_SUM_ATOL = 1e-5  # float32 softmax over 49k tokens sums to 1 within ~1e-6
 
 
+def as_float64(a: np.ndarray) -> np.ndarray:
+    """``a`` as a float64 array (no copy when it already is one)."""
+    return np.asarray(a, dtype=np.float64)
+
+
 def check_distribution(row: np.ndarray, name: str) -> np.ndarray:
     """Return ``row`` as a float64 1-D array, or raise ValueError saying what is wrong with it."""
     arr = np.asarray(row)

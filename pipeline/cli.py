@@ -3,7 +3,7 @@
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(cfg, args) -> int``
 (modules keep heavy imports inside ``run`` so ``--help`` stays fast). Every subcommand takes
 ``--params FILE`` and repeatable ``--set section.key=value`` overrides. Errors caused by the user's input
-print one line and exit with status 2; ``--verbose`` shows the traceback.
+(`decoding.errors.UserInputError`) print one line and exit with status 2; ``--verbose`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -22,18 +22,11 @@ COMMANDS = {
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean bad input (config, files, models, prompt sets), not a bug in branchpoint."""
-    from models.loading import ModelLoadError
-    from pipeline.config import ConfigError
+    """Exceptions that mean bad input (config, files, models, prompt sets, datasets, features): printed as one
+    line. Any other exception, a plain ``ValueError`` included, is a bug and keeps its traceback."""
+    from decoding.errors import UserInputError
 
-    types_: list[type[BaseException]] = [ConfigError, ModelLoadError, FileNotFoundError, ValueError]
-    try:
-        from data_collection.prompts import PromptSetError
-
-        types_.append(PromptSetError)
-    except ImportError:
-        pass
-    return tuple(types_)
+    return (UserInputError, FileNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:

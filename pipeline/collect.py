@@ -21,6 +21,8 @@ import os
 import time
 from pathlib import Path
 
+from decoding.errors import UserInputError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard", default=None, metavar="I/N",
@@ -42,9 +44,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/2") from None
+        raise UserInputError(f"--shard {text!r}: expected I/N, e.g. 0/2") from None
     if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+        raise UserInputError(f"--shard {text!r}: need 0 <= I < N")
     return i, n
 
 
@@ -167,7 +169,7 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
     c, space = cfg.collect, cfg.actions.space()
     trajs = load_trajectories(cfg.trajectories.out, splits=c.splits)
     if not trajs:
-        raise ValueError(f"no trajectories of splits {c.splits} in {cfg.trajectories.out}; check prompts.split "
+        raise UserInputError(f"no trajectories of splits {c.splits} in {cfg.trajectories.out}; check prompts.split "
                          "and rerun `branchpoint trajectories`")
     mine = sorted((t for t in trajs if prompt_part(t.prompt_id, count) == index), key=trajectory_key)
     eos = set(eos_ids(pair.tokenizer, pair.target))

@@ -17,8 +17,10 @@ from typing import Any, Union
 
 import yaml
 
+from decoding.errors import UserInputError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserInputError):
     """A configuration file or override is malformed; the message names the key and the source."""
 
 
@@ -33,8 +35,9 @@ class ModelConfig:
     cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
 
     def validate(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        from models.loading import resolve_dtype
+
+        resolve_dtype(self.dtype)
 
 
 @dataclass
@@ -60,10 +63,9 @@ class SamplingConfig:
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
+        from decoding.sampling import Sampling
+
+        Sampling(self.temperature, self.top_p)
 
 
 @dataclass
@@ -78,9 +80,9 @@ class DecodeConfig:
     def validate(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
-        parts = str(self.action).split(",")
-        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"action must be 'K,L1,L2' (three non-negative ints), not {self.action!r}")
+        from decoding.actions import parse_action
+
+        parse_action(self.action)
 
 
 @dataclass
@@ -147,7 +149,7 @@ class CollectConfig:
 
     splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])  # never the draft's prompts
     methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "spectr", "khisti",
-                                                        "naive_tree", "nss"])
+                                                        "naive_tree", "nss", "gbv"])
     num_trees: int = 4  # s: union trees per root; the label is their mean (ALGORITHMS.md section 4)
     root_stride: int = 16  # a root every root_stride continuation tokens
     max_roots_per_trajectory: int = 0  # 0 = no cap

@@ -1,5 +1,6 @@
 """Model pairs for the engine tests: untied heads (a tiny random LM with tied embeddings greedily repeats
-its last token, which would make greedy tests trivial) and drafts that are noisy copies of the target."""
+its last token, which would make greedy tests trivial) and drafts that are noisy copies of the target
+(``noisy_draft``, defined with the engine benchmark, which uses the same stand-in)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import copy
 import torch
 from transformers import LlamaForCausalLM
 
+from benchmarks.bench_engine import noisy_draft  # the one stand-in draft (re-exported for the tests)
 from models.tiny import tiny_config
 
 VOCAB = 64
+
+__all__ = ["VOCAB", "noisy_draft", "untied_pair"]
 
 
 def untied_pair(seed: int = 0, noise: float = 0.6, head_scale: float = 3.0) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
@@ -27,15 +31,3 @@ def untied_pair(seed: int = 0, noise: float = 0.6, head_scale: float = 3.0) -> t
         for p in draft.parameters():
             p.add_(noise * p.std() * torch.randn_like(p))
     return target.eval(), draft.eval()
-
-
-def noisy_draft(target: torch.nn.Module, noise: float = 0.5, seed: int = 0) -> torch.nn.Module:
-    """A copy of ``target`` whose last decoder layer's MLP weights carry Gaussian noise (``noise`` x each
-    tensor's std): q close to p but not equal, so drafts are accepted often and rejected often. Early-
-    exit drafts of SmolLM2 without an adapter overlap p by < 1%, too little to exercise acceptance."""
-    draft = copy.deepcopy(target)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.model.layers[-1].mlp.parameters():
-            p.add_(noise * p.std() * torch.randn(p.shape, generator=gen).to(p))
-    return draft.eval()

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def action_for(method: str) -> Action:
-    return CHAIN if method in ("naive", "bv") else TREE
+    return CHAIN if METHODS[method].chains_only else TREE
 
 
 

@@ -42,7 +42,7 @@ def _pairs(action: Action) -> list[TablePair]:
 def _cases() -> list:
     """(method, shape) pairs; chain-only methods (naive, bv) only on chains."""
     return [pytest.param(n, a, id=f"{n}-{a}") for n in sorted(METHODS) for a in SHAPES
-            if a.is_chain or not getattr(METHODS[n], "chains_only", False)]
+            if a.is_chain or not METHODS[n].chains_only]
 
 
 @pytest.mark.parametrize(("name", "action"), _cases())
@@ -98,7 +98,7 @@ def test_verify_samples_the_exact_law(name: str) -> None:
     method = METHODS[name]
     pair = TablePair(4, 3)
     rng = np.random.default_rng(5)
-    action = Action(3, 1, 1) if not getattr(method, "chains_only", False) else Action(1, 1, 2)
+    action = Action(3, 1, 1) if not method.chains_only else Action(1, 1, 2)
     trees = [t for t, _ in enumerate_trees(action, pair)]
     n = 3000
     for tree in (trees[0], trees[len(trees) // 2]):

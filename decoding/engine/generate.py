@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..actions import Action
+from ..errors import UserInputError
 from ..sampling import Sampling, draw
 from ..selector import RootFeatures, Selector, as_policy, needs_draft, needs_hidden_states, static_action
 from ..tree import build_tree
@@ -107,7 +108,7 @@ class SpeculativeDecoder:
         """Prefill the target with the prompt up to (not including) the root; the draft starts lazily."""
         prompt = [int(t) for t in prompt]
         if not prompt:
-            raise ValueError("generate: the prompt must contain at least one token")
+            raise UserInputError("generate: the prompt must contain at least one token")
         kv_d = KVState(self.draft) if use_draft and self.draft is not None else None
         state = DecodeState(prompt, KVState(self.target), kv_d, list(prompt) if kv_d is not None else [])
         n = len(prompt) - 1
@@ -122,7 +123,7 @@ class SpeculativeDecoder:
         refreshes ``state.q_prev`` / ``h_q_prev`` when the token before the root was pending too."""
         kv, pending = state.kv_d, state.pending
         if kv is None:
-            raise ValueError("this step drafts a tree but the decoder has no draft model")
+            raise UserInputError("this step drafts a tree but the decoder has no draft model")
         start = len(kv)
         logits, h = forward_nodes(kv, pending, list(range(start, start + len(pending))),
                                   causal_allowed(start, len(pending)), hidden, last=2)
@@ -210,7 +211,7 @@ class SpeculativeDecoder:
         ``method``: a name of ``decoding.verifiers.METHODS`` or ``"autoregressive"`` (policy ignored).
         ``on_step(state, result)``: called after every step (e.g. to record the features a selector saw)."""
         if max_new_tokens < 1:
-            raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise UserInputError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         if method == AUTOREGRESSIVE:
             policy, verifier = as_policy(AR_ACTION), None
         else:
@@ -220,7 +221,7 @@ class SpeculativeDecoder:
             check_supported(verifier, static)
         use_draft = static is None or static.tree_size > 0
         if use_draft and self.draft is None:
-            raise ValueError(f"generate: method {method!r} with policy {policy} needs a draft model")
+            raise UserInputError(f"generate: method {method!r} with policy {policy} needs a draft model")
         hidden = static is None and needs_hidden_states(policy)
         rng = np.random.default_rng(seed)
         stats = DecodeStats(method=method if verifier is None else verifier.name)
@@ -254,10 +255,10 @@ def _stop_index(out: list[int], start: int, eos: set[int], max_new_tokens: int) 
 def check_supported(verifier: VerificationMethod | None, action: Action) -> None:
     """Fail with a clear message when ``verifier`` cannot verify ``action``'s tree shape."""
     if verifier is None:
-        raise ValueError(f"action {action} drafts a tree; autoregressive decoding has no verifier")
+        raise UserInputError(f"action {action} drafts a tree; autoregressive decoding has no verifier")
     parents_tree = build_tree(action, np.full(action.tree_size + 1, -1), np.zeros((action.tree_size + 1, 1)))
     if not verifier.supports(parents_tree):
-        raise ValueError(f"method {verifier.name!r} does not support the tree of action {action} "
+        raise UserInputError(f"method {verifier.name!r} does not support the tree of action {action} "
                          "(chain-only method on a branching tree); use a tree method or K = 1")
 
 

@@ -45,7 +45,9 @@ from functools import cached_property
 import numpy as np
 
 from ..probability import acceptance, categorical, check_distribution, residual
+from .base import StandardChainSolver
 from .khisti_numerics import StageBuffers, full_order, hinted_sort, selection_pass, solve_pair_lp
+from .ratios import RatioTable
 
 DEFAULT_TOP_S = 5
 MAX_TOP_S = 15
@@ -251,8 +253,9 @@ def _check_inputs(p: np.ndarray, q: np.ndarray, children: Sequence[int]) -> tupl
     return p, q, toks
 
 
-class KhistiSolver:
-    """Per-node OT solver of Khisti et al. 2025 (section 3.1b): tournament selection + speculative step."""
+class KhistiSolver(StandardChainSolver):
+    """Per-node OT solver of Khisti et al. 2025 (section 3.1b): tournament selection + speculative step.
+    With one child it is standard speculative sampling (tournament of one: q_I = q)."""
 
     name = "khisti"
 
@@ -286,13 +289,15 @@ class KhistiSolver:
             return None
         return Tournament(stages=tuple(stages[: k - 1]), q_I=stages[k - 2].q_I)
 
-    def branch_weights(self, p: np.ndarray, q: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    def branch_weights(self, p: np.ndarray, q: np.ndarray, tokens: np.ndarray,
+                       tables: list[RatioTable] | None = None) -> np.ndarray:
         """[J, Kmax, Kmax] label weights (decoding/labels.py): entry (j, K-1, i) is the probability that
         the node with target p[j], draft q[j] and children tokens[j, :K] emits tokens[j, i] (0 when i >= K
         or tokens[j, i] repeats an earlier child). Same numbers as ``output_distribution`` (it is the
         same law), but only at the children: one tournament per row serves every K, built in reusable
         buffers, and each stage's residual mass comes from its pass over the vocabulary. No input
-        checks (the label path validates p_rows itself)."""
+        checks (the label path validates p_rows itself). ``tables`` is not needed (the tournament ranks
+        the whole vocabulary itself)."""
         n_rows, kmax = tokens.shape
         out = np.zeros((n_rows, kmax, kmax))
         buf = self._buffers(p.shape[-1])

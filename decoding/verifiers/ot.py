@@ -1,9 +1,10 @@
 """OT-based (top-down) verifiers: per-node solvers and the generic tree walk (ALGORITHMS.md 3.1, 4).
 
 Solvers: ``nss`` (emit y ~ p), ``naive_tree`` (speculative sampling on the first child),
-``specinfer`` (multi-round sampling, q fixed), ``spectr`` (k-SEQ). Each solver offers, besides the
-``OTSolver`` protocol, two batched helpers used by the fast label path (decoding/labels.py):
-- ``chain_acceptance(p_x, q_x)``: branching probability of the only child x of a one-child node;
+``specinfer`` (multi-round sampling, q fixed), ``spectr`` (k-SEQ). Each implements the ``OTSolver``
+protocol (base.py), including the two batched helpers of the label path (delayed_labels.py):
+- ``chain_acceptance(p_x, q_x)``: branching probability of the only child x of a one-child node
+  (``min(1, p/q)`` from base.StandardChainSolver for all but nss, whose is ``p(x)``);
 - ``branch_weights(p, q, first_tokens, tables=None)``: for rows j, K = 1..Kmax and child positions
   i < K, the branching probability of child i's token at a node whose children are
   ``first_tokens[j, :K]``, or 0 when an earlier child has the same token (the walk moves to the
@@ -18,21 +19,16 @@ stop and emit it; at a leaf emit a bonus token ~ p.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from ..probability import acceptance, categorical
+from ..probability import acceptance, as_float64, categorical
 from ..tree import DraftTree
-from .base import ChainRestricted
+from .base import ChainRestricted, OTSolver, StandardChainSolver
+from .delayed_labels import UnionContext, branching_union_labels
 from .ratios import RatioTable
-
-
-def _f64(a: np.ndarray) -> np.ndarray:
-    """float64 view (no copy when already float64)."""
-    return np.asarray(a, dtype=np.float64)
 
 
 def first_occurrence(tokens: np.ndarray) -> np.ndarray:
@@ -84,11 +80,11 @@ class NSSSolver:
         return np.asarray(p, dtype=np.float64).copy()
 
     def chain_acceptance(self, p_x, q_x):
-        return np.asarray(p_x, dtype=np.float64)
+        return as_float64(p_x)
 
-    def branch_weights(self, p, q, tokens):
+    def branch_weights(self, p, q, tokens, tables=None):
         kmax = tokens.shape[1]
-        p_y = _f64(_gather(p, tokens))  # [J, k]
+        p_y = as_float64(_gather(p, tokens))  # [J, k]
         mask = _positions_below_k(kmax)[None] & first_occurrence(tokens)[:, None, :]
         return np.where(mask, p_y[:, None, :], 0.0)
 
@@ -98,7 +94,7 @@ def _tables(p: np.ndarray, q: np.ndarray, tables: list[RatioTable] | None) -> li
     return tables if tables is not None else [RatioTable.build(p[j], q[j]) for j in range(p.shape[0])]
 
 
-class NaiveTreeSolver:
+class NaiveTreeSolver(StandardChainSolver):
     """Standard speculative sampling on the first child X1; the residual draw
     ``norm((p - q)+)`` may land on another child. With one child this is ``naive``."""
 
@@ -110,26 +106,23 @@ class NaiveTreeSolver:
         return np.maximum(p64 - q64, 0.0) / mass if mass > 0 else p64.copy()
 
     def sample(self, p, q, children, rng):
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         x1 = int(children[0])
         if rng.random() < acceptance(p64[x1], q64[x1]):
             return x1
         return categorical(np.maximum(p64 - q64, 0.0), rng)
 
     def output_distribution(self, p, q, children):
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         x1 = int(children[0])
         a = float(acceptance(p64[x1], q64[x1]))
         out = (1.0 - a) * self.residual_row(p64, q64, RatioTable.build(p64, q64))
         out[x1] += a
         return out
 
-    def chain_acceptance(self, p_x, q_x):
-        return acceptance(p_x, q_x)
-
     def branch_weights(self, p, q, tokens, tables=None):
         kmax = tokens.shape[1]
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         mass = np.array([t.mass(1.0) for t in _tables(p64, q64, tables)])[:, None]  # [J, 1]
         p_y, q_y = _gather(p64, tokens), _gather(q64, tokens)  # [J, k]
         res_y = np.where(mass > 0, np.maximum(p_y - q_y, 0.0) / np.where(mass > 0, mass, 1.0), p_y)
@@ -139,7 +132,7 @@ class NaiveTreeSolver:
         return np.where(mask, w[:, None, :], 0.0)
 
 
-class SpecInferSolver:
+class SpecInferSolver(StandardChainSolver):
     """Multi-round speculative sampling (SpecInfer): r = p; for each child Xi accept it w.p.
     ``min(1, r(Xi)/q(Xi))``, else ``r = norm((r - q)+)``; q never changes; finally emit y ~ r.
 
@@ -162,7 +155,7 @@ class SpecInferSolver:
         return np.array(c), np.array(n)
 
     def sample(self, p, q, children, rng):
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         c, n, table = 0.0, 1.0, None
         for x in children:
             if rng.random() < acceptance(max(p64[x] - c * q64[x], 0.0) / n, q64[x]):
@@ -174,7 +167,7 @@ class SpecInferSolver:
         return categorical(np.maximum(p64 - c * q64, 0.0), rng)
 
     def output_distribution(self, p, q, children):
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         c, n = self.shifts(RatioTable.build(p64, q64), len(children))  # [k+1]
         out = np.zeros(p64.shape[0])
         alive = 1.0
@@ -184,12 +177,9 @@ class SpecInferSolver:
             alive *= 1.0 - a
         return out + alive * (np.maximum(p64 - c[-1] * q64, 0.0) / n[-1])
 
-    def chain_acceptance(self, p_x, q_x):
-        return acceptance(p_x, q_x)
-
     def branch_weights(self, p, q, tokens, tables=None):
         kmax = tokens.shape[1]
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         cn = [self.shifts(t, kmax) for t in _tables(p64, q64, tables)]
         c, n = np.stack([x[0] for x in cn]), np.stack([x[1] for x in cn])  # [J, Kmax+1]
         p_y, q_y = _gather(p64, tokens), _gather(q64, tokens)  # [J, i]
@@ -210,7 +200,7 @@ def spectr_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
     return spectr_params(p, q, k)[0]
 
 
-class SpecTrSolver:
+class SpecTrSolver(StandardChainSolver):
     """SpecTr k-SEQ: accept child Xi w.p. ``min(1, p(Xi) / (rho* q(Xi)))`` in order; if none is
     accepted emit y ~ ``norm((p - min(q, p/rho*) * c)+)`` with ``c = (1 - (1-beta)^k) / beta``
     (computed as sum_{i<k} (1-beta)^i, stable at beta = 0). rho*, c and the residual mass come from
@@ -227,7 +217,7 @@ class SpecTrSolver:
 
     def _setup(self, p, q, children):
         """(p, q as float64, (rho*, c, mass) or None for one child, acceptance of each child)."""
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         k = len(children)
         params = spectr_params(p64, q64, k) if k > 1 else None  # k = 1: rho* = 1, no O(V) work yet
         rho = params[0] if params is not None else 1.0
@@ -253,12 +243,9 @@ class SpecTrSolver:
             alive *= 1.0 - a
         return out + alive * self._residual_row(p64, q64, params, len(children))
 
-    def chain_acceptance(self, p_x, q_x):
-        return acceptance(p_x, q_x)
-
     def branch_weights(self, p, q, tokens, tables=None):
         kmax = tokens.shape[1]
-        p64, q64 = _f64(p), _f64(q)
+        p64, q64 = as_float64(p), as_float64(q)
         params = np.stack([np.stack(t.spectr(kmax)) for t in _tables(p64, q64, tables)])  # [J, 3, K]
         rho, c, mass = params[:, 0, :, None], params[:, 1, :, None], params[:, 2, :, None]  # [J, K, 1]
         p_y, q_y = _gather(p64, tokens)[:, None, :], _gather(q64, tokens)[:, None, :]  # [J, 1, i]
@@ -271,15 +258,15 @@ class OTMethod(ChainRestricted):
     """A top-down tree verifier built from a per-node solver.
 
     ``chains_only`` marks methods defined on chains (every node has <= 1 child), e.g. ``naive``.
-    ``chain_acceptance`` overrides the solver's one-child branching probability for the fast label
-    path (used for solvers without the batched helpers whose one-child case is proven standard)."""
+    Labels: the exact DP of ALGORITHMS.md section 4 (``expected_block_efficiency``); on a union tree
+    its factorized form from the solver's ``chain_acceptance`` and ``branch_weights``
+    (delayed_labels.branching_union_labels)."""
 
     name: str
-    solver: object
+    solver: OTSolver
     chains_only: bool = False
     description: str = ""
-    chain_acceptance: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(default=None, repr=False)
-    exact_block_efficiency: bool = True
+    exact_block_efficiency: ClassVar[bool] = True
     tree_alternative: ClassVar[str] = "'naive_tree' or another tree method"
 
     def branching(self, tree: DraftTree, p_rows: np.ndarray, node: int) -> tuple[list[int], np.ndarray]:
@@ -341,10 +328,16 @@ class OTMethod(ChainRestricted):
                 values[node] = (1.0 - b.sum()) * tree.depths[node] + float(b @ values[firsts])
         return float(values[0]) + 1.0
 
+    def union_block_efficiency(self, ctx: UnionContext) -> np.ndarray:
+        vals = branching_union_labels(ctx, self.solver, self.name)
+        if self.chains_only:
+            vals[[not a.is_chain for a in ctx.union.space.actions]] = np.nan
+        return vals
 
-def standard_chain_acceptance(p_x: np.ndarray, q_x: np.ndarray) -> np.ndarray:
-    """One-child branching probability of every solver that reduces to speculative sampling."""
-    return acceptance(p_x, q_x)
+    def estimate_union_block_efficiency(self, ctx, repeats, rng):
+        """The exact DP (cheaper than one verification): standard error 0."""
+        vals = self.union_block_efficiency(ctx)
+        return vals, np.zeros_like(vals)
 
 
 def make_ot_methods() -> list[OTMethod]:

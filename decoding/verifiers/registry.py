@@ -6,7 +6,8 @@ exact-enumeration harness (decoding/exact.py) treats all entries alike.
 
 Names: ``naive`` (standard speculative sampling; chains only, on trees use ``naive_tree``), ``nss``,
 ``naive_tree``, ``specinfer``, ``spectr``, ``khisti`` (OT-based), ``traversal`` (Traversal
-Verification) and ``bv`` (Block Verification = traversal restricted to chains). Traversal's test
+Verification), ``bv`` (Block Verification = traversal restricted to chains) and ``gbv`` (greedy
+multi-path Block Verification, gbv.py). Traversal's test
 sequence is fixed by the tree (traversal.py), so its block efficiency is exact too. ``khisti`` and
 ``traversal``/``bv`` live in khisti.py and traversal.py.
 """
@@ -15,31 +16,50 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
+from ..errors import UserInputError
 from ..tree import DraftTree
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
+from .delayed_labels import UnionContext, per_action_labels, repeated_verification
+from .gbv import GBVMethod
 from .khisti import KhistiSolver
-from .ot import OTMethod, make_ot_methods, standard_chain_acceptance
+from .ot import OTMethod, make_ot_methods
+
+
+class SubtreeLabelFn(Protocol):
+    """Exact E[accepted + 1] on the sub-tree of ``tree`` induced by ``nodes`` (None: the whole tree);
+    ``mass_cache``: scratch shared between calls on the same (tree, p_rows)."""
+
+    def __call__(self, tree: DraftTree, p_rows: np.ndarray, nodes: np.ndarray | None = None,
+                 mass_cache: dict | None = None) -> float: ...
+
+
+class SubtreeEstimateFn(Protocol):
+    """(mean, standard error) of accepted + 1 over ``repeats`` verifications of that sub-tree."""
+
+    def __call__(self, tree: DraftTree, p_rows: np.ndarray, repeats: int, rng: np.random.Generator,
+                 nodes: np.ndarray | None = None, mass_cache: dict | None = None) -> tuple[float, float]: ...
 
 
 @dataclass
 class BottomUpMethod(ChainRestricted):
-    """A verifier given by plain functions (Traversal / Block Verification): no branching
-    probabilities, so block efficiency is estimated by repeated verification (labels.py)."""
+    """A verifier given by plain functions (Traversal / Block Verification). Its label is exact when
+    ``block_efficiency_fn`` is given (Traversal's fixed test sequence, traversal.py); on a union tree
+    it is evaluated per canonical action on the sub-tree's nodes, sharing one residual-mass cache.
+    Without ``block_efficiency_mc_fn`` the estimate verifies copied sub-trees repeatedly."""
 
     name: str
     verify_fn: Callable[[DraftTree, np.ndarray, np.random.Generator], tuple[list[int], int]]
     outcome_fn: Callable[[DraftTree, np.ndarray], dict[tuple[int, ...], float]]
-    # exact E[accepted + 1]: fn(tree, p_rows, nodes=None, mass_cache=None); ``nodes`` selects a sub-tree
-    block_efficiency_fn: Callable[..., float] | None = None
-    # repeated-verification estimate: fn(tree, p_rows, repeats, rng, nodes=None, mass_cache=None) -> (mean, se)
-    block_efficiency_mc_fn: Callable[..., tuple[float, float]] | None = None
+    block_efficiency_fn: SubtreeLabelFn | None = None
+    block_efficiency_mc_fn: SubtreeEstimateFn | None = None
     chains_only: bool = False
     description: str = ""
+    mass_cache_key: str = "traversal"  # UnionContext.cache key: methods with the same residual masses share it
     tree_alternative: ClassVar[str] = "'traversal' on trees"
 
     @property
@@ -63,16 +83,36 @@ class BottomUpMethod(ChainRestricted):
                 "decoding.labels.estimate_block_efficiency (repeated verification) instead")
         return float(self.block_efficiency_fn(tree, p_rows))
 
+    def union_block_efficiency(self, ctx: UnionContext) -> np.ndarray:
+        fn = self.block_efficiency_fn
+        if fn is None:
+            raise NotImplementedError(f"method {self.name!r} has no exact block efficiency; "
+                                      "estimate it by repeated verification (union_labels(..., repeats=64))")
+        tree, cache = ctx.union.tree, ctx.cache(self.mass_cache_key)
+        return per_action_labels(ctx, lambda _, nodes: fn(tree, ctx.p_rows, nodes, cache), self.chains_only)[0]
+
+    def estimate_union_block_efficiency(self, ctx, repeats, rng):
+        if rng is None:
+            raise ValueError(f"{self.name}: estimating labels by repeated verification needs an rng")
+        mc, tree, cache = self.block_efficiency_mc_fn, ctx.union.tree, ctx.cache(self.mass_cache_key)
+        if mc is not None:
+            return per_action_labels(ctx, lambda _, nodes: mc(tree, ctx.p_rows, repeats, rng, nodes, cache),
+                                     self.chains_only)
+        return per_action_labels(
+            ctx, lambda a, nodes: repeated_verification(self, ctx.union.subtree(a), ctx.p_rows[nodes], repeats, rng),
+            self.chains_only)
+
 
 def _build() -> dict[str, VerificationMethod]:
     fns = (traversal.traversal_verify, traversal.traversal_outcome_distribution,
            traversal.traversal_expected_block_efficiency, traversal.traversal_expected_block_efficiency_mc)
     methods: list[VerificationMethod] = [
         *make_ot_methods(),
-        OTMethod("khisti", KhistiSolver(), chain_acceptance=standard_chain_acceptance,
+        OTMethod("khisti", KhistiSolver(),
                  description="Khisti et al. importance-weighted selection (pairwise LP tournament)"),
         BottomUpMethod("traversal", *fns, description="Traversal Verification (bottom-up, sequence level)"),
         BottomUpMethod("bv", *fns, chains_only=True, description="Block Verification (= traversal on chains)"),
+        GBVMethod(),
     ]
     return {m.name: m for m in methods}
 
@@ -85,8 +125,8 @@ def get_method(method: str | VerificationMethod) -> VerificationMethod:
     if not isinstance(method, str):
         if isinstance(method, VerificationMethod):
             return method
-        raise ValueError(f"method must be a registry name or a VerificationMethod, got {type(method).__name__}")
+        raise UserInputError(f"method must be a registry name or a VerificationMethod, got {type(method).__name__}")
     try:
         return METHODS[method]
     except KeyError:
-        raise ValueError(f"unknown verification method {method!r}; known: {', '.join(sorted(METHODS))}") from None
+        raise UserInputError(f"unknown verification method {method!r}; known: {', '.join(sorted(METHODS))}") from None
