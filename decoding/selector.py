@@ -2,9 +2,10 @@
 
 A *policy* is a static `Action` (the same tree shape every step) or a *selector*: any object with
 
-    select(features: RootFeatures) -> Action
+    select(features: RootFeatures) -> Action | Choice
 
-and two optional attributes that tell the engine what to compute before calling it:
+(a `Choice` also names the verification method of the step: a selector trained with ``method: auto``
+picks both; every method is lossless and the choice is made before drafting) and two optional attributes that tell the engine what to compute before calling it:
 - ``needs_hidden_states`` (default False): fill the ``h_*`` fields (an ``output_hidden_states`` pass);
 - ``needs_draft`` (default True): run the draft's root step first, so ``q_root`` / ``q_prev`` are filled.
   A selector that reads only target-side features sets it False: when it then declines to speculate
@@ -43,11 +44,19 @@ class RootFeatures:
     h_q_root: np.ndarray | None = None  # [H_q] ... at the root
 
 
+@dataclass(frozen=True)
+class Choice:
+    """An action and, optionally, the verification method of this step (None: the decoder's method)."""
+
+    action: Action
+    method: str | None = None
+
+
 @runtime_checkable
 class Selector(Protocol):
     """Chooses an action at each root (see module docstring)."""
 
-    def select(self, features: RootFeatures) -> Action: ...
+    def select(self, features: RootFeatures) -> Action | Choice: ...
 
 
 class StaticPolicy:

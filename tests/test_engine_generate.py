@@ -167,3 +167,30 @@ def test_sampling_transform_torch_matches_numpy(sampling):
             kept = np.sort(base[row > 0])
             assert kept.sum() >= sampling.top_p - 1e-9 and kept.sum() - kept[0] < sampling.top_p
             assert base[row == 0].max(initial=0) <= kept[0] + 1e-12
+
+
+class MethodSwitcher:
+    """Picks the verification method per step too (what a ``method: auto`` selector does)."""
+
+    needs_draft = False
+
+    def __init__(self):
+        self.steps = 0
+
+    def select(self, features):
+        from decoding.selector import Choice
+
+        self.steps += 1
+        assert features.q_root is None and features.p_prev is not None  # target-side features only
+        return [Choice(Action(2, 1, 1), "specinfer"), Choice(Action(1, 0, 0)), Choice(Action(1, 2, 0), "bv"),
+                Action(3, 0, 2)][self.steps % 4]
+
+
+def test_selector_choice_switches_methods_and_stays_greedy_exact(pair):
+    target, draft = pair
+    prompt = [5, 9, 33, 12]
+    res = generate(target, draft, prompt, 40, method="traversal", policy=MethodSwitcher(), sampling=Sampling(0.0))
+    ar = generate(target, draft, prompt, 40, method=AUTOREGRESSIVE, sampling=Sampling(0.0))
+    assert res.tokens == ar.tokens
+    assert set(res.stats.methods) == {"specinfer", "bv", "traversal"}
+    assert res.stats.actions["1,0,0"] > 0

@@ -24,7 +24,7 @@ from decoding.exact import (
     tree_p_rows,
 )
 from decoding.tree import DraftTree, children_lists
-from decoding.verifiers.ot import OTMethod, spectr_rho
+from decoding.verifiers.ot import OTMethod, spectr_params
 from decoding.verifiers.ratios import RatioTable
 
 TOL = 1e-12
@@ -193,7 +193,7 @@ def test_spectr_rho_solves_the_equation(k: int) -> None:
         if p.sum() == 0 or q.sum() == 0:
             continue
         p, q = p / p.sum(), q / q.sum()
-        rho = spectr_rho(p, q, k)
+        rho = spectr_params(p, q, k)[0]
         assert 1.0 <= rho <= k
         g = _c(_beta(p, q, rho), k) - rho
         assert g <= 1e-12, "residual would be negative"
@@ -203,11 +203,11 @@ def test_spectr_rho_solves_the_equation(k: int) -> None:
 def test_spectr_rho_edge_cases() -> None:
     p = np.array([0.5, 0.5, 0.0, 0.0])
     q = np.array([0.0, 0.0, 0.3, 0.7])
-    assert spectr_rho(p, q, 3) == pytest.approx(3.0)  # beta = 0: no token can be accepted
-    assert spectr_rho(p, p, 3) == 1.0  # p == q: accept everything
-    assert spectr_rho(p, q, 1) == 1.0
+    assert spectr_params(p, q, 3)[0] == pytest.approx(3.0)  # beta = 0: no token can be accepted
+    assert spectr_params(p, p, 3)[0] == 1.0  # p == q: accept everything
+    assert spectr_params(p, q, 1)[0] == 1.0
     onehot = np.array([0.0, 1.0, 0.0, 0.0])
-    assert spectr_rho(onehot, onehot, 4) == 1.0
+    assert spectr_params(onehot, onehot, 4)[0] == 1.0
 
 
 def _reference_spectr(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float, float]:

@@ -28,7 +28,7 @@ import torch
 from ..actions import Action
 from ..errors import UserInputError
 from ..sampling import Sampling, draw
-from ..selector import RootFeatures, Selector, as_policy, needs_draft, needs_hidden_states, static_action
+from ..selector import Choice, RootFeatures, Selector, as_policy, needs_draft, needs_hidden_states, static_action
 from ..tree import build_tree
 from ..verifiers import get_method
 from ..verifiers.base import VerificationMethod
@@ -77,6 +77,7 @@ class StepResult:
     """One step: its action, the accepted draft tokens and the emitted token."""
 
     action: Action
+    method: str | None  # the verification method of this step (None for an empty tree)
     tokens: list[int]  # accepted draft tokens, then the emitted token
     features: RootFeatures | None  # what the selector saw (None for a static policy)
 
@@ -152,8 +153,13 @@ class SpeculativeDecoder:
                                     state.q_prev if drafted_now else None, q_root, state.h_p_prev,
                                     state.h_q_prev if drafted_now else None, h_q_root)
             action = policy.select(features)
+            if isinstance(action, Choice):
+                if action.method is not None:
+                    verifier = get_method(action.method)
+                action = action.action
             if not isinstance(action, Action):
-                raise TypeError(f"selector {type(policy).__name__}.select returned {action!r}, not an Action")
+                raise TypeError(f"selector {type(policy).__name__}.select returned {action!r}, not an Action "
+                                "or a Choice")
             stats.time_selector += clock.lap()
         if action.tree_size:
             check_supported(verifier, action)
@@ -198,9 +204,11 @@ class SpeculativeDecoder:
             else:
                 state.pending.append(int(emitted))
         state.p_prev, state.h_p_prev = p_rows[last], _np(h_t[last] if hidden else None)
-        stats.record_step(int(tree.depths.max()), len(accepted), str(action))
+        stats.record_step(int(tree.depths.max()), len(accepted), str(action),
+                          verifier.name if verifier is not None and action.tree_size else None)
         state.out.extend(new)
-        return StepResult(action, new, features)
+        return StepResult(action, verifier.name if verifier is not None and action.tree_size else None, new,
+                          features)
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",

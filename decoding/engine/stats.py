@@ -29,16 +29,19 @@ class DecodeStats:
     depth_offered: list[int] = field(default_factory=list)  # [d] steps that tested depth d
     depth_accepted: list[int] = field(default_factory=list)  # [d] steps that accepted depth d
     actions: Counter = field(default_factory=Counter)  # "K,L1,L2" -> steps
+    methods: Counter = field(default_factory=Counter)  # verification method -> steps that drafted a tree
     time_draft: float = 0.0
     time_target: float = 0.0
     time_verify: float = 0.0
     time_selector: float = 0.0
     time_total: float = 0.0
 
-    def record_step(self, tree_depth: int, num_accepted: int, action: str) -> None:
+    def record_step(self, tree_depth: int, num_accepted: int, action: str, method: str | None = None) -> None:
         self.steps += 1
         self.emitted += num_accepted + 1
         self.actions[action] += 1
+        if method is not None:
+            self.methods[method] += 1
         while len(self.accepted_hist) <= num_accepted:
             self.accepted_hist.append(0)
         self.accepted_hist[num_accepted] += 1
@@ -74,6 +77,7 @@ class DecodeStats:
             "per_depth_acceptance": self.per_depth_acceptance,
             "accepted_hist": list(self.accepted_hist),
             "actions": dict(self.actions),
+            "methods": dict(self.methods),
             "time_s": {"draft": self.time_draft, "target": self.time_target, "verify": self.time_verify,
                        "selector": self.time_selector, "other": other, "total": self.time_total},
         }

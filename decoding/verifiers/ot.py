@@ -195,11 +195,6 @@ def spectr_params(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float, f
     return float(rho[k - 1]), float(c[k - 1]), float(mass[k - 1])
 
 
-def spectr_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
-    """rho* of k-SEQ for one node."""
-    return spectr_params(p, q, k)[0]
-
-
 class SpecTrSolver(StandardChainSolver):
     """SpecTr k-SEQ: accept child Xi w.p. ``min(1, p(Xi) / (rho* q(Xi)))`` in order; if none is
     accepted emit y ~ ``norm((p - min(q, p/rho*) * c)+)`` with ``c = (1 - (1-beta)^k) / beta``
