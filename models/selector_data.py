@@ -29,11 +29,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from decoding import throughput
 from decoding.actions import Action
+from decoding.errors import UserInputError
 from decoding.features import STORED_SCALARS, FeatureSchema, derived_scalars, scalar_matrix
 
 from .selector import OutputLayout
 
 AR = Action(1, 0, 0)  # autoregressive: no tree, one target step
+
+
+class SelectorDataError(UserInputError):
+    """The collected dataset cannot train this selector (missing labels, splits or a grid mismatch)."""
 
 
 def sampling_key(temperature: float, top_p: float) -> str:
@@ -123,7 +128,7 @@ def build_selector_data(columns, labels: Mapping[str, np.ndarray], label_se: Map
     ``datasets.Dataset.with_format("numpy")``) and its labels per method (``[N, A]`` each)."""
     missing = [m for m in layout.methods if m not in labels]
     if missing:
-        raise ValueError(f"no labels for methods {missing}; the dataset has {sorted(labels)}")
+        raise SelectorDataError(f"no labels for methods {missing}; the dataset has {sorted(labels)}")
     ctx = _column(columns, "context_length", np.int64)
     stored = {n: _column(columns, n, np.float64) for n in STORED_SCALARS if n in schema.scalars}
     values = {**stored, **derived_scalars(ctx, latency)}
@@ -133,7 +138,7 @@ def build_selector_data(columns, labels: Mapping[str, np.ndarray], label_se: Map
     se = (np.concatenate([np.asarray(label_se[m], dtype=np.float32) for m in layout.methods], axis=1)
           if label_se is not None else np.zeros_like(E))
     if E.shape[1] != layout.size:
-        raise ValueError(f"labels have {E.shape[1]} columns, the layout {layout.size} outputs "
+        raise SelectorDataError(f"labels have {E.shape[1]} columns, the layout {layout.size} outputs "
                          "(was the dataset collected on another action grid?)")
     features = schema.feature_set
     ar_cost = np.array([latency.step_seconds(int(l), [AR], features=None)[0] for l in ctx.tolist()])
@@ -173,9 +178,9 @@ class SelectorDataModule(pl.LightningDataModule):
         self.data, self.batch_size, self.seed = data, int(batch_size), int(seed)
         self.train_idx, self.val_idx = data.rows("train"), data.rows("val")
         if self.train_idx.size == 0:
-            raise ValueError("the collected dataset has no train roots; collect with collect.splits including train")
+            raise SelectorDataError("the collected dataset has no train roots; collect with collect.splits including train")
         if self.val_idx.size == 0:
-            raise ValueError("the collected dataset has no val roots (needed for validation and checkpointing); "
+            raise SelectorDataError("the collected dataset has no val roots (needed for validation and checkpointing); "
                              "collect with collect.splits including val")
         self.base_rate = data.static_base_rate(self.train_idx)  # [N]
 
@@ -186,6 +191,11 @@ class SelectorDataModule(pl.LightningDataModule):
             xt = x[self.train_idx].astype(np.float64)
             out[name] = (xt.mean(axis=0), xt.std(axis=0))
         return out
+
+    def full_batch(self, split: str = "train") -> tuple[torch.Tensor, ...]:
+        """Every row of ``split`` as one batch (inputs..., labels, label_se, cost, base_rate)."""
+        idx = {"train": self.train_idx, "val": self.val_idx}.get(split, self.data.rows(split))
+        return tuple(_Rows(self.data, idx, self.base_rate).tensors)
 
     def train_dataloader(self) -> DataLoader:
         gen = torch.Generator().manual_seed(self.seed)

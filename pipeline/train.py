@@ -46,6 +46,10 @@ def git_revision() -> str:
         return "unknown"
 
 
+def profile_path(cfg) -> str:
+    return cfg.profile.out
+
+
 def load_latency(path: str):
     from decoding.latency import LatencyModel
 
@@ -55,12 +59,13 @@ def load_latency(path: str):
 def layout_for(tc, manifest: dict):
     from decoding.actions import parse_action
     from models.selector import OutputLayout
+    from pipeline.config import ConfigError
 
     collected = list(manifest["methods"])
     methods = (tc.auto_methods or collected) if tc.method == "auto" else [tc.method]
     missing = [m for m in methods if m not in collected]
     if missing:
-        raise ValueError(f"train.method / train.auto_methods name {missing}, but the dataset has labels only for "
+        raise ConfigError(f"train.method / train.auto_methods name {missing}, but the dataset has labels only for "
                          f"{collected}; add them to collect.methods and re-collect, or choose among those")
     return OutputLayout(tuple(methods), tuple(parse_action(a) for a in manifest["actions"]), tc.method == "auto")
 
@@ -135,7 +140,8 @@ def run(cfg, args) -> int:
     layout = layout_for(tc, manifest)
     hidden = manifest["pair"]["hidden_sizes"]
     schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
-    latency = load_latency(cfg.profile.out)
+    profile = profile_path(cfg)
+    latency = load_latency(profile)
     ds = load_collected(cfg.collect.out)
     cols = ds.with_format("numpy")[:]
     collected = list(manifest["methods"])
@@ -154,7 +160,7 @@ def run(cfg, args) -> int:
                           tags={**tags, "model": "selector"})
     params = {"method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective,
               "methods": ",".join(layout.methods), "outputs": layout.size, "dataset": cfg.collect.out,
-              "latency_profile": cfg.profile.out, "inference_seconds": infer,
+              "latency_profile": profile, "inference_seconds": infer,
               **{f"train.{k}": v for k, v in dataclasses.asdict(tc).items() if k not in ("method", "feature_set",
                                                                                        "objective")},
               **{f"roots_{s}": int((data.split == s).sum()) for s in ("train", "val", "test")}}
@@ -193,7 +199,7 @@ def run(cfg, args) -> int:
         "decision": "argmax over valid outputs o of output[o] / T(o); T = LatencyModel.step_seconds(context_length, "
                     "actions, features=feature_set) + inference_seconds, tiled over methods (method-major)",
         "inference_seconds": infer,
-        "latency_profile": {"path": cfg.profile.out, "sha256": sha256_file(cfg.profile.out),
+        "latency_profile": {"path": profile, "sha256": sha256_file(profile),
                             "meta": getattr(latency, "meta", {})},
         "metrics": {k: _summary(serializable(r)) for k, r in reports.items()},
         "sampling_seen": {"temperature": [float(data.temperature[split_seen].min()),
