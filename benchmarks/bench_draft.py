@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from data_collection.profile import step_times, tile_ids
     from decoding.actions import Action
     from decoding.engine import generate
     from decoding.sampling import Sampling
-    from models.draft_data import eos_ids, step_times
+    from models.draft_data import eos_ids
     from models.loading import load_pair
     from pipeline.config import load_config
     from pipeline.train_draft import _texts
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     ids = tok(texts[0], add_special_tokens=False)["input_ids"]
     for n in [int(c) for c in args.contexts.split(",")]:
-        context = torch.tensor([(ids * (1 + n // len(ids)))[:n]], device=pair.device)
-        result["step_time"].append(step_times(target, draft, context, reps=args.reps))
+        result["step_time"].append(step_times(target, draft, tile_ids(ids, n), pair.vocab_size, reps=args.reps))
         print(json.dumps(result["step_time"][-1]))
     result["step_time_ratio"] = max(r["step_time_ratio"] for r in result["step_time"])
 

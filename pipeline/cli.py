@@ -18,6 +18,7 @@ COMMANDS = {
     "info": ("pipeline.info", "print the resolved config, versions, device and the loaded model pair"),
     "decode": ("pipeline.decode", "speculatively decode one prompt and print the text and statistics"),
     "train-draft": ("pipeline.train_draft", "train the self-speculative draft adapter (stage train_draft)"),
+    "profile": ("pipeline.profile", "time draft steps and target tree passes on this machine (stage profile)"),
     "train": ("pipeline.train", "train the branching-point selector on the collected dataset (stage train)"),
 }
 

@@ -33,11 +33,14 @@ class ModelConfig:
     device: str = "auto"  # auto = CUDA when present, else CPU
     dtype: str = "float32"  # float32 | bfloat16 | float16
     cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
+    threads: int = 2  # torch CPU threads of every stage that runs the models (decode, profile, collect, evaluate)
 
     def validate(self) -> None:
         from models.loading import resolve_dtype
 
         resolve_dtype(self.dtype)
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, not {self.threads}")
 
 
 @dataclass
@@ -177,6 +180,32 @@ class CollectConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """Latency profile (stage profile): the grid the latency model T(c, a) interpolates (decoding/latency.py)."""
+
+    contexts: list[int] = field(default_factory=lambda: [64, 256, 512, 1024])  # context lengths, ascending
+    draft_rows: list[int] = field(default_factory=lambda: [1, 2, 3, 4])  # draft query rows: 1..max K
+    # target tree-pass tokens (root included): every single tree of the CPU action grid (up to 13 tokens)
+    # and the union trees of the labels (up to 40)
+    target_tokens: list[int] = field(default_factory=lambda: [*range(1, 17), 20, 24, 32, 40])
+    repeats: int = 5  # timed rounds per grid cell (the profile holds their median)
+    warmup: int = 1  # untimed rounds first
+    feature_repeats: int = 50  # timed runs of the feature computation
+    out: str = "artifacts/latency.json"
+
+    def validate(self) -> None:
+        for name, first in (("contexts", None), ("draft_rows", 1), ("target_tokens", 1)):
+            values = getattr(self, name)
+            if not values or any(b <= a for a, b in zip(values, values[1:], strict=False)) or min(values) < 1:
+                raise ValueError(f"{name} must be a non-empty strictly ascending list of ints >= 1, not {values}")
+            if first is not None and values[0] != first:
+                raise ValueError(f"{name} must start at {first} (the latency model needs it), not {values}")
+        if self.repeats < 1 or self.warmup < 0 or self.feature_repeats < 1:
+            raise ValueError(f"repeats and feature_repeats must be >= 1 and warmup >= 0, not "
+                             f"{self.repeats}, {self.feature_repeats}, {self.warmup}")
+
+
+@dataclass
 class TrainConfig:
     """Stage train: the selector of ALGORITHMS.md section 6 on the collected dataset (models/selector_*.py)."""
 
@@ -240,6 +269,7 @@ SECTIONS: dict[str, type] = {
     "train_draft": TrainDraftConfig,
     "actions": ActionsConfig,
     "collect": CollectConfig,
+    "profile": ProfileConfig,
     "train": TrainConfig,
 }
 
@@ -253,6 +283,7 @@ class Config:
     train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     source: str = "<defaults>"  # where the values came from, for messages
 

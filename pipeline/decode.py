@@ -53,6 +53,8 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 
 def run(cfg, args) -> int:
+    import torch
+
     from decoding.actions import parse_action
     from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
     from decoding.sampling import Sampling
@@ -68,6 +70,7 @@ def run(cfg, args) -> int:
     seed = _pick(args.seed, cfg.decode.seed)
     prompt = _pick(args.prompt, cfg.decode.prompt)
 
+    torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
     draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
     pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
@@ -79,7 +82,8 @@ def run(cfg, args) -> int:
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
 
     print(f"pair: target {pair.target_spec}, draft {draft_spec if method != AUTOREGRESSIVE else '-'}, "
-          f"{pair.device}, {str(pair.dtype).replace('torch.', '')} (loaded in {load_s:.1f} s)")
+          f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
+          f"(loaded in {load_s:.1f} s)")
     shape = "" if method == AUTOREGRESSIVE else f", action {action}"
     print(f"prompt: {len(ids)} tokens; sampling T={sampling.temperature}, top_p={sampling.top_p}, seed {seed}{shape}")
     print("-" * 72)

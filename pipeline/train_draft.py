@@ -130,13 +130,9 @@ def evaluate(cfg, target, tokenizer, texts, sources: list[str]) -> dict:
     entropy), step-time ratio, expected chain efficiency."""
     import torch
 
-    from models.draft_data import (
-        breakdown,
-        cached_continuations,
-        chain_block_efficiency,
-        position_stats,
-        step_times,
-    )
+    from data_collection.profile import step_times, tile_ids
+    from models.draft_data import breakdown, cached_continuations, chain_block_efficiency, position_stats
+    from models.loading import common_vocab_size
     from models.self_draft import load_self_draft
 
     td = cfg.train_draft
@@ -155,11 +151,9 @@ def evaluate(cfg, target, tokenizer, texts, sources: list[str]) -> dict:
         metrics[f"breakdown_test_T{t}"] = breakdown(stats, sources)
         for n in (2, 4, 6):
             metrics[f"expected_chain_block_efficiency_L{n}_T{t}"] = chain_block_efficiency(acc, n)
-    first = texts["test"][0]
-    ids = tokenizer(first, add_special_tokens=False)["input_ids"]
-    context = torch.tensor([(ids * (1 + td.timing_context // max(1, len(ids))))[: td.timing_context]],
-                           device=next(target.parameters()).device)
-    metrics.update(step_times(target, draft, context, reps=td.timing_reps))
+    ids = tokenizer(texts["test"][0], add_special_tokens=False)["input_ids"]
+    metrics.update(step_times(target, draft, tile_ids(ids, td.timing_context),
+                              common_vocab_size(target, draft, tokenizer), reps=td.timing_reps))
     return metrics
 
 

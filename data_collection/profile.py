@@ -1,0 +1,211 @@
+"""Measuring the latency profile of a target/draft pair on this machine (ALGORITHMS.md section 6).
+
+The one step-timing implementation of the project: ``branchpoint profile`` builds the `LatencyModel`
+tables (`profile_pair`) and ``branchpoint train-draft`` reports its draft/target step-time ratio
+(`step_times`) with it. Every timed operation runs the engine's own code path, so the profile prices what
+decoding really runs:
+
+- *draft step* ``(c, rows)``: on a draft `KVState` holding ``c`` slots, one `tree_pass.forward_nodes` call
+  with ``rows`` query rows at one position, each row seeing the context and itself (the mask drafting
+  builds for a rollout level), then the sampling transform of its rows to numpy (as drafting does);
+- *target pass* ``(c, tokens)``: on a target `KVState` holding ``c`` slots, one
+  `tree_pass.target_tree_pass` over a tree of ``tokens`` nodes (root included), then the sampling
+  transform of all its rows (as the decode loop does). The tree is a chain; its shape does not change
+  the cost (dense attention with an additive mask);
+- *feature cost*: the section-5 scalars at one root from ``[V]`` float64 rows (`decoding.features.probability_scalars`).
+
+Each operation's cache is cropped back to ``c`` slots outside the timed region. Repeats are interleaved
+(every grid cell once per round) so that load from other processes hits all cells alike; the first
+``warmup`` rounds are discarded and the table holds the median of the rest. CUDA is synchronised
+before and after each timed operation.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+
+from decoding.actions import Action
+from decoding.engine.cache import KVState
+from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
+from decoding.latency import LatencyModel
+from decoding.engine.rows import to_numpy_rows, transform_logits
+from decoding.sampling import Sampling
+from decoding.tree import build_tree
+
+DEFAULT_SAMPLING = Sampling()
+
+
+def root_scalars_fn() -> tuple[Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray], str]:
+    """The function whose cost is ``feature_seconds`` (the section-5 scalars from ``[V]`` rows), and its name."""
+    from decoding.features import probability_scalars
+
+    return probability_scalars, "decoding.features.probability_scalars"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def draft_step(kv: KVState, rows: int, tokens: Sequence[int], sampling: Sampling, vocab_size: int) -> np.ndarray:
+    """One draft forward of ``rows`` query rows after the cached slots, as drafting runs it; ``[rows, V]``."""
+    c = len(kv)
+    allowed = np.zeros((rows, c + rows), dtype=bool)  # [rows, c + rows]
+    allowed[:, :c] = True
+    allowed[np.arange(rows), c + np.arange(rows)] = True
+    logits, _ = forward_nodes(kv, list(tokens[:rows]), [c] * rows, allowed)
+    return to_numpy_rows(transform_logits(logits, sampling, vocab_size))
+
+
+def target_pass(kv: KVState, tokens: Sequence[int], sampling: Sampling, vocab_size: int) -> np.ndarray:
+    """One target tree pass over ``len(tokens)`` nodes (root first), as the decode loop runs it; ``[n, V]``."""
+    n = len(tokens)
+    tree = build_tree(Action(1, n - 1, 0), np.asarray([-1, *tokens[1:]]), np.zeros((n, 1)))
+    logits, _ = target_tree_pass(kv, int(tokens[0]), tree)
+    return to_numpy_rows(transform_logits(logits, sampling, vocab_size))
+
+
+@dataclass
+class GridTimes:
+    """Raw seconds of every timed operation (warm-up rounds dropped) and rows for the feature timing."""
+
+    draft: np.ndarray  # [C, R, repeats]
+    target: np.ndarray  # [C, N, repeats]
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]  # (p_prev, q_prev, q_root), each [V] float64
+
+
+def tile_ids(ids: Sequence[int], length: int) -> list[int]:
+    """``ids`` repeated to exactly ``length`` tokens (a realistic context of any length)."""
+    ids = [int(i) for i in ids] or [0]
+    return (ids * (1 + length // len(ids)))[:length]
+
+
+@torch.inference_mode()
+def time_grid(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, context_ids: Sequence[int],
+              contexts: Sequence[int], draft_rows: Sequence[int], target_tokens: Sequence[int], repeats: int,
+              warmup: int = 2, sampling: Sampling = DEFAULT_SAMPLING, progress: str | None = None) -> GridTimes:
+    """Time the draft step and the target pass at every grid cell (see the module docstring).
+
+    ``context_ids``: token ids the contexts are cut from (tiled when shorter than the largest context)."""
+    from tqdm.auto import tqdm
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"time_grid: repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    if min(contexts) < 1:
+        raise ValueError(f"time_grid: context lengths must be >= 1, got {list(contexts)}")
+    ids = tile_ids(context_ids, max(contexts) + max(max(draft_rows), max(target_tokens)))
+    feed = ids[-max(max(draft_rows), max(target_tokens)):]  # tokens fed by the timed operations
+    device = next(target.parameters()).device
+    draft_s = np.zeros((len(contexts), len(draft_rows), repeats))
+    target_s = np.zeros((len(contexts), len(target_tokens), repeats))
+    kv_t, kv_d = KVState(target), KVState(draft)
+    rows = q_rows = None
+    bar = tqdm(total=len(contexts) * (warmup + repeats) * (len(draft_rows) + len(target_tokens)), desc=progress,
+               unit="pass", disable=progress is None, mininterval=1.0)
+    try:
+        for ci, c in enumerate(contexts):
+            for kv in (kv_t, kv_d):  # extend both caches to c slots (contexts ascend)
+                prefill(kv, ids[len(kv):c])
+            for rnd in range(warmup + repeats):
+                for kind, counts, kv in (("draft", draft_rows, kv_d), ("target", target_tokens, kv_t)):
+                    for j, n in enumerate(counts):
+                        _sync(device)
+                        start = time.perf_counter()
+                        out = (draft_step(kv, n, feed, sampling, vocab_size) if kind == "draft"
+                               else target_pass(kv, feed[:n], sampling, vocab_size))
+                        _sync(device)
+                        elapsed = time.perf_counter() - start
+                        kv.crop(c)
+                        if rnd >= warmup:
+                            (draft_s if kind == "draft" else target_s)[ci, j, rnd - warmup] = elapsed
+                        if kind == "draft":
+                            q_rows = out
+                        elif rows is None:  # real rows for the feature timing: p, and two q rows
+                            rows = (out[0], q_rows[0], q_rows[-1])
+                        bar.update()
+    finally:
+        bar.close()
+    return GridTimes(draft_s, target_s, rows)
+
+
+def time_features(fn: Callable, rows: tuple[np.ndarray, np.ndarray, np.ndarray], repeats: int = 50,
+                  warmup: int = 5) -> float:
+    """Median seconds of ``fn(p_prev, q_prev, q_root)``."""
+    times = []
+    for rep in range(warmup + repeats):
+        start = time.perf_counter()
+        fn(*rows)
+        if rep >= warmup:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def machine_info(device: torch.device) -> dict:
+    """Where the profile was measured: machine, CPU, threads, device and library versions."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {}
+    for name in ("torch", "transformers", "numpy"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return {
+        "machine": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(), "versions": versions,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def profile_pair(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, context_ids: Sequence[int],
+                 contexts: Sequence[int], draft_rows: Sequence[int], target_tokens: Sequence[int], repeats: int,
+                 warmup: int = 2, feature_repeats: int = 50, sampling: Sampling = DEFAULT_SAMPLING,
+                 progress: str | None = None, meta: dict | None = None) -> LatencyModel:
+    """Measure the whole profile and return the `LatencyModel` (medians; ``meta`` is extended with the
+    machine and the measurement settings)."""
+    start = time.perf_counter()
+    info = machine_info(next(target.parameters()).device)
+    grid = time_grid(target, draft, vocab_size, context_ids, contexts, draft_rows, target_tokens, repeats, warmup,
+                     sampling, progress)
+    fn, fn_name = root_scalars_fn()
+    feature = time_features(fn, grid.rows, feature_repeats)
+    settings = {"repeats": repeats, "warmup": warmup, "feature_repeats": feature_repeats, "statistic": "median",
+                "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
+                "vocab_size": int(vocab_size), "feature_fn": fn_name,
+                "seconds": round(time.perf_counter() - start, 1)}
+    meta = dict(meta or {})
+    meta["settings"] = {**settings, **meta.get("settings", {})}
+    return LatencyModel(np.asarray(contexts), np.asarray(draft_rows), np.median(grid.draft, axis=-1),
+                        np.asarray(target_tokens), np.median(grid.target, axis=-1), feature, {**info, **meta})
+
+
+def step_times(target: torch.nn.Module, draft: torch.nn.Module, context_ids: Sequence[int], vocab_size: int,
+               reps: int = 30, warmup: int = 3) -> dict:
+    """One decode step of each model (one token after a KV cache holding ``context_ids``), timed as the
+    profile times it: medians and minima in ms and the draft/target ratio of the medians
+    (``step_time_ratio``, a train_draft metric)."""
+    grid = time_grid(target, draft, vocab_size, context_ids, [len(context_ids)], [1], [1], reps, warmup)
+    med = {"draft": float(np.median(grid.draft)) * 1e3, "target": float(np.median(grid.target)) * 1e3}
+    low = {"draft": float(grid.draft.min()) * 1e3, "target": float(grid.target.min()) * 1e3}
+    return {
+        "target_step_ms": med["target"], "draft_step_ms": med["draft"],
+        "target_step_ms_min": low["target"], "draft_step_ms_min": low["draft"],
+        "step_time_ratio": med["draft"] / med["target"], "step_time_ratio_min": low["draft"] / low["target"],
+        "context_tokens": len(context_ids), "reps": reps, "threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,284 @@
+"""The latency model ``T(c, a)`` of ALGORITHMS.md section 6: seconds of one decoding step of action a at a root.
+
+Numpy only (no torch): the collection, training and export stages and the ONNX runtime all import it.
+
+Terms:
+- *context length* ``l``: the tokens before the root (`RootFeatures.context_length`); a forward "at
+  context c" is one model call whose new query rows attend to ``c`` cached KV slots (plus themselves).
+- *draft step* ``t_q(c, rows)``: one draft forward of ``rows`` query rows at context c, including the
+  sampling transform of its rows to numpy (what `decoding.engine.drafting` does after each forward).
+- *target pass* ``t_p(c, tokens)``: one target tree pass over ``tokens`` nodes (root included) at context
+  c, including the sampling transform of all its rows (`decoding.engine.generate`, step 4).
+- *feature cost* ``feature_seconds``: computing the section-5 scalars at one root from ``[V]`` rows
+  already on the CPU.
+The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
+
+Interpolation (`t_q`, `t_p`): piecewise linear in the context length, extrapolated linearly beyond the
+grid from its end segments and clamped at >= the smallest value measured for that row/token count;
+piecewise linear between profiled row/token counts, keeping the measured values as they are, also when
+they are not monotonic (on a 2-core CPU a 16-token target pass was measured cheaper than an 8-token
+one). Exact at grid points. Counts outside the profiled range are an error (extend the grid).
+
+Pricing (`step_seconds`) counts the forwards our engine makes for action ``(K, L1, L2)`` at context l:
+- the draft forward on the root: ``t_q(l, 1)``;
+- the fed trunk nodes, one row each: node j (1-based) at context ``l + j``. With ``L2 > 0`` all ``L1``
+  trunk nodes are fed (the last one is the branch node); with ``L2 = 0`` the last trunk node is a leaf;
+- ``L2 - 1`` batched rollout forwards of K rows (the leaves are not fed); rollout level i (0-based) at
+  context ``l + 1 + L1 + K * i`` (each level adds K slots to the draft cache);
+- one target pass over ``1 + L1 + K * L2`` tokens at context l.
+A tree of size 0 (``L1 = 0`` and ``L2 = 0``, e.g. autoregressive ``Action(1, 0, 0)``) is one target
+pass on 1 token and no draft step. This is section 6's formula
+``sum_{j<L1} t_q(l+j, 1) + sum_{j<L2} t_q(l+L1+j, K) + t_p(l, 1 + L1 + K*L2)`` with the same number
+of draft forwards (L1 + L2 when L2 > 0, counting the root's), except that the branch node is fed once
+with one row (its K children are drawn from its single q row), so the engine makes ``L1 + 1`` one-row
+forwards and ``L2 - 1`` K-row forwards where the formula has L1 and L2; and each forward is priced
+at the engine's actual cache length. (When the previous step accepted an unfed leaf, the engine feeds
+it together with the root as 2 rows at context l - 1; priced as 1 row at l.)
+
+``features`` adds the cost of computing the selector's inputs: None (a static policy) adds nothing;
+``"target_only"`` adds ``feature_seconds`` to every action; ``"paper"`` adds ``feature_seconds`` to
+every action and the root's draft step ``t_q(l, 1)`` to actions with no tree (the draft features need
+the root's draft step even when the selector declines to speculate).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .actions import Action, ActionSpace
+
+FORMAT = "branchpoint-latency"
+FORMAT_VERSION = 1
+FEATURE_MODES = (None, "target_only", "paper")
+_KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
+
+
+class LatencyProfileError(ValueError):
+    """A latency profile (file or arrays) is malformed; the message says what and where."""
+
+
+def _numbers(name: str, values) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise LatencyProfileError(f"latency profile: {name} must be numbers in a regular (not ragged) array, "
+                                  f"got {str(values)[:80]}") from None
+
+
+def _grid(name: str, values, minimum: float, first: float | None = None) -> np.ndarray:
+    arr = _numbers(name, values)
+    if arr.ndim != 1 or arr.size == 0:
+        raise LatencyProfileError(f"latency profile: {name} must be a non-empty list, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or arr[0] < minimum:
+        raise LatencyProfileError(f"latency profile: {name} must be finite and >= {minimum}, got {arr.tolist()}")
+    if np.any(np.diff(arr) <= 0):
+        raise LatencyProfileError(f"latency profile: {name} must be strictly ascending, got {arr.tolist()}")
+    if first is not None and arr[0] != first:
+        raise LatencyProfileError(f"latency profile: {name} must start at {first:g} (measure it), got {arr.tolist()}")
+    return arr
+
+
+def _times(name: str, values, shape: tuple[int, int]) -> np.ndarray:
+    arr = _numbers(name, values)
+    if arr.shape != shape:
+        raise LatencyProfileError(f"latency profile: {name} must have shape {list(shape)} "
+                                  f"(contexts x counts), got {list(arr.shape)}")
+    bad = ~(np.isfinite(arr) & (arr > 0))
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise LatencyProfileError(f"latency profile: {name}[{i}][{j}] = {float(arr[i, j])!r}; times must be finite "
+                                  "and > 0 seconds (re-run `branchpoint profile`)")
+    return arr
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr = np.array(arr, dtype=np.float64)
+    arr.setflags(write=False)
+    return arr
+
+
+def _segments(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each x: the grid segment ``(i0, i1)`` holding it (end segments beyond the grid) and the weight
+    of ``i1``; a one-point grid gives ``i0 = i1 = 0`` and weight 0 (constant)."""
+    if grid.size == 1:
+        zero = np.zeros(x.shape, dtype=np.int64)
+        return zero, zero, np.zeros(x.shape)
+    i0 = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, grid.size - 2)
+    w = (x - grid[i0]) / (grid[i0 + 1] - grid[i0])
+    return i0, i0 + 1, w
+
+
+def _interpolate(contexts: np.ndarray, counts: np.ndarray, table: np.ndarray, floor: np.ndarray,
+                 c, n, what: str, grid_key: str):
+    """``table`` ``[C, N]`` at context ``c`` and count ``n`` (broadcast); see the module docstring."""
+    c_arr, n_arr = np.broadcast_arrays(np.asarray(c, dtype=np.float64), np.asarray(n, dtype=np.float64))
+    if np.any(~np.isfinite(c_arr)) or np.any(c_arr < 0):
+        raise ValueError(f"{what}: context length must be finite and >= 0, got {c!r}")
+    if np.any(n_arr < counts[0]) or np.any(n_arr > counts[-1]) or np.any(~np.isfinite(n_arr)):
+        raise ValueError(f"{what}: {n!r} is outside the profiled range {counts[0]:g}..{counts[-1]:g}; "
+                         f"extend profile.{grid_key} and re-run `branchpoint profile`")
+    ci0, ci1, cw = _segments(contexts, c_arr)
+    ni0, ni1, nw = _segments(counts, n_arr)
+
+    def at_count(j: np.ndarray) -> np.ndarray:  # linear in context for count index j, clamped below
+        v = table[ci0, j] * (1 - cw) + table[ci1, j] * cw
+        return np.maximum(v, floor[j])
+
+    out = at_count(ni0) * (1 - nw) + at_count(ni1) * nw
+    return float(out) if out.ndim == 0 else out
+
+
+def _action_arrays(actions: ActionSpace | Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(K, L1, L2)``, each ``[A]`` int64, in the order of ``actions``."""
+    if isinstance(actions, ActionSpace):
+        return actions.arrays()[:3]
+    actions = list(actions)
+    if not all(isinstance(a, Action) for a in actions):
+        raise TypeError("actions must be an ActionSpace or a sequence of Action")
+    return tuple(np.array([getattr(a, f) for a in actions], dtype=np.int64).reshape(-1) for f in ("K", "L1", "L2"))
+
+
+def draft_forwards(l: int, actions: ActionSpace | Sequence[Action],  # noqa: E741
+                   features: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draft forwards the engine makes in one step of each action at context length ``l`` (see the
+    module docstring): ``(action index, context, rows)``, each ``[F]``, grouped by action."""
+    if features not in FEATURE_MODES:
+        raise ValueError(f"features must be one of {FEATURE_MODES}, got {features!r}")
+    k, l1, l2 = _action_arrays(actions)
+    idx, rel, rows = _forward_layout(tuple(k.tolist()), tuple(l1.tolist()), tuple(l2.tolist()), features)
+    return idx, l + rel, rows
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_layout(k: tuple[int, ...], l1: tuple[int, ...], l2: tuple[int, ...],
+                    features: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`draft_forwards` at ``l = 0`` (contexts relative to l), cached per action list."""
+    parts = []
+    for a, (ka, l1a, l2a) in enumerate(zip(k, l1, l2, strict=True)):
+        if l1a + ka * l2a > 0 or features == "paper":  # the root's draft step
+            parts.append((a, 0, 1))
+        trunk = l1a if l2a > 0 else max(l1a - 1, 0)  # fed trunk nodes, one row each
+        parts += [(a, j, 1) for j in range(1, trunk + 1)]
+        parts += [(a, 1 + l1a + ka * i, ka) for i in range(max(l2a - 1, 0))]  # rollout levels; leaves not fed
+    out = np.array(parts, dtype=np.int64).reshape(-1, 3)
+    for col in out.T:
+        col.setflags(write=False)
+    return out[:, 0], out[:, 1], out[:, 2]
+
+
+@dataclass(frozen=True, eq=False)
+class LatencyModel:
+    """Profiled step times and their interpolation (see the module docstring)."""
+
+    contexts: np.ndarray  # [C] profiled context lengths, ascending
+    draft_rows: np.ndarray  # [R] profiled draft query-row counts, ascending, starts at 1
+    draft_seconds: np.ndarray  # [C, R] one draft forward with that many query rows at that context
+    target_tokens: np.ndarray  # [N] profiled target tree-pass token counts (root included), ascending, starts at 1
+    target_seconds: np.ndarray  # [C, N] one target tree pass
+    feature_seconds: float  # computing the section-5 scalars at one root (rows already on CPU)
+    meta: dict = field(default_factory=dict)  # machine, cpu, threads, device, versions, model specs, settings, date
+
+    def __post_init__(self) -> None:
+        contexts = _grid("contexts", self.contexts, 0)
+        rows = _grid("draft_rows", self.draft_rows, 1, first=1)
+        tokens = _grid("target_tokens", self.target_tokens, 1, first=1)
+        draft = _times("draft_seconds", self.draft_seconds, (contexts.size, rows.size))
+        target = _times("target_seconds", self.target_seconds, (contexts.size, tokens.size))
+        try:
+            feature = float(self.feature_seconds)
+        except (TypeError, ValueError):
+            raise LatencyProfileError(f"latency profile: feature_seconds must be a number, "
+                                      f"got {self.feature_seconds!r}") from None
+        if not (math.isfinite(feature) and feature > 0):
+            raise LatencyProfileError(f"latency profile: feature_seconds must be finite and > 0, got {feature!r}")
+        if not isinstance(self.meta, dict):
+            raise LatencyProfileError(f"latency profile: meta must be a mapping, got {type(self.meta).__name__}")
+        for name, value in (("contexts", contexts), ("draft_rows", rows), ("target_tokens", tokens),
+                            ("draft_seconds", draft), ("target_seconds", target)):
+            object.__setattr__(self, name, _readonly(value))
+        object.__setattr__(self, "feature_seconds", feature)
+        object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
+        object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
+
+    # --- interpolation ------------------------------------------------------------------------------------
+    def t_q(self, l, rows) -> float | np.ndarray:  # noqa: E741 (l: context length, as in ALGORITHMS.md)
+        """Seconds of one draft forward of ``rows`` query rows at context ``l`` (broadcast over arrays)."""
+        return _interpolate(self.contexts, self.draft_rows, self.draft_seconds, self._draft_floor, l, rows,
+                            "t_q: draft rows", "draft_rows")
+
+    def t_p(self, l, tokens) -> float | np.ndarray:  # noqa: E741
+        """Seconds of one target tree pass over ``tokens`` nodes (root included) at context ``l``."""
+        return _interpolate(self.contexts, self.target_tokens, self.target_seconds, self._target_floor, l, tokens,
+                            "t_p: target tokens", "target_tokens")
+
+    # --- T(c, a) ------------------------------------------------------------------------------------------
+    def step_seconds(self, l: int, actions: ActionSpace | Sequence[Action],  # noqa: E741
+                     features: str | None = None) -> np.ndarray:
+        """``[A]`` seconds of one decoding step of each action at context length ``l``: ``T(c, a)``."""
+        k, l1, l2 = _action_arrays(actions)
+        num = k.shape[0]
+        idx, ctx, rows = draft_forwards(l, actions, features)
+        seconds = np.zeros(num)
+        if idx.size:
+            seconds += np.bincount(idx, weights=self.t_q(ctx, rows), minlength=num)
+        seconds += self.t_p(np.full(num, float(l)), 1 + l1 + k * l2)
+        if features is not None:
+            seconds += self.feature_seconds
+        return seconds
+
+    # --- persistence --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "contexts": self.contexts.tolist(), "draft_rows": self.draft_rows.tolist(),
+            "draft_seconds": self.draft_seconds.tolist(), "target_tokens": self.target_tokens.tolist(),
+            "target_seconds": self.target_seconds.tolist(), "feature_seconds": self.feature_seconds,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "latency profile") -> LatencyModel:
+        if not isinstance(d, dict):
+            raise LatencyProfileError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        if d.get("format", FORMAT) != FORMAT or d.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
+            raise LatencyProfileError(f"{where}: format {d.get('format')!r} version {d.get('format_version')!r}, "
+                                      f"expected {FORMAT!r} version {FORMAT_VERSION}; re-run `branchpoint profile`")
+        missing = [k for k in _KEYS if k not in d]
+        if missing:
+            raise LatencyProfileError(f"{where}: missing keys {missing}; re-run `branchpoint profile`")
+        try:
+            return cls(**{k: d[k] for k in _KEYS})
+        except LatencyProfileError as e:
+            raise LatencyProfileError(str(e).replace("latency profile", where, 1)) from None
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON to a temp file next to ``path``, then rename it into place."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> LatencyModel:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no latency profile at {path}; build it with `branchpoint profile` "
+                                    "(or `dvc repro profile`)")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise LatencyProfileError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(raw, where=str(path))

@@ -1,0 +1,90 @@
+"""``branchpoint profile``: stage profile, the latency profile of the model pair on this machine.
+
+Reads: params ``model.*`` (the pair, device, dtype, ``model.threads``), ``sampling.*`` (the row transform
+that is timed with each forward), ``decode.prompt`` (the context tokens), ``profile.*`` (the grid), and
+``train_draft.{layers, adapter_width, vocab_subset_size, int8}``. Writes ``profile.out``
+(artifacts/latency.json): the `decoding.latency.LatencyModel` tables, the feature cost, and the machine,
+versions and settings they were measured with. Every later stage loads it with ``LatencyModel.load``.
+
+The profile does not need the trained draft: when ``model.draft`` is ``self_draft:<folder>`` and the
+folder does not exist yet, an untrained `SelfDraft` built from the ``train_draft`` config (same layers,
+adapter width, vocabulary subset size, int8) is timed instead. Its step time does not depend on the
+weights (same shapes, same kernels), so the profile can run before, and independently of, train_draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def load_profiled_pair(cfg):
+    """``(target, draft, vocab_size, tokenizer, draft_source)``: the pair the decoder would load, or the
+    target with an untrained self-draft of the configured shape when the artifact is not built yet."""
+    from models.loading import (
+        common_vocab_size,
+        load_model,
+        load_pair,
+        load_tokenizer,
+        parse_spec,
+        resolve_device,
+        resolve_dtype,
+    )
+
+    m = cfg.model
+    scheme, folder = parse_spec(m.draft)
+    if scheme != "self_draft" or Path(folder).exists():
+        pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir)
+        return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
+    from models.self_draft import SelfDraft, SelfDraftConfig, target_fingerprint
+
+    td = cfg.train_draft
+    tokenizer = load_tokenizer(m.target, m.cache_dir)
+    target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir)
+    config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
+                             vocab_subset_size=td.vocab_subset_size, int8=td.int8,
+                             target_fingerprint=target_fingerprint(target))
+    draft = SelfDraft(target, config).eval()
+    if td.int8:
+        draft.quantize_()
+    source = (f"untrained self-draft (train_draft config: layers {td.layers}, adapter_width {td.adapter_width}, "
+              f"vocab_subset_size {td.vocab_subset_size}, int8 {td.int8}); {folder} not built yet")
+    return target, draft, common_vocab_size(target, draft, tokenizer), tokenizer, source
+
+
+def run(cfg, args) -> int:
+    import torch
+
+    from data_collection.profile import profile_pair, tile_ids
+    from decoding.sampling import Sampling
+    from pipeline.decode import encode_prompt
+
+    p = cfg.profile
+    torch.set_num_threads(cfg.model.threads)
+    start = time.perf_counter()
+    target, draft, vocab, tokenizer, draft_source = load_profiled_pair(cfg)
+    load_s = time.perf_counter() - start
+    ids = tile_ids(encode_prompt(tokenizer, cfg.decode.prompt, cfg.decode.chat_template), max(p.contexts))
+    meta = {"target": cfg.model.target, "draft": cfg.model.draft, "draft_timed": draft_source,
+            "dtype": cfg.model.dtype,
+            "settings": {"threads_requested": cfg.model.threads, "context_tokens": "decode.prompt, tiled"}}
+    model = profile_pair(target, draft, vocab, ids, p.contexts, p.draft_rows, p.target_tokens, p.repeats,
+                         p.warmup, p.feature_repeats, Sampling(cfg.sampling.temperature, cfg.sampling.top_p),
+                         progress=None if args.no_progress else "profile", meta=meta)
+    model.save(p.out)
+    print(f"pair: target {cfg.model.target}, draft {draft_source} (loaded in {load_s:.1f} s); "
+          f"{model.meta['device']}, {model.meta['threads']} threads")
+    ci = min(range(len(p.contexts)), key=lambda i: abs(p.contexts[i] - 256))
+    c = p.contexts[ci]
+    print(f"at context {c}: target pass (ms) " + ", ".join(
+        f"n={n} {model.t_p(c, n) * 1e3:.1f}" for n in p.target_tokens if n in (1, 2, 4, 8, 16, 32)))
+    print(f"at context {c}: draft step (ms) " + ", ".join(
+        f"rows={r} {model.t_q(c, r) * 1e3:.1f}" for r in p.draft_rows))
+    print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
+          f"in {time.perf_counter() - start:.0f} s")
+    return 0

@@ -1,0 +1,172 @@
+"""The latency model T(c, a) (decoding/latency.py): interpolation, pricing of a step, persistence, errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from decoding.actions import Action, ActionSpace
+from decoding.latency import LatencyModel, LatencyProfileError, draft_forwards
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def toy(**changes) -> LatencyModel:
+    """Tables linear in context (so interpolation between and beyond grid points is exact to check):
+    t_q(c, r) = r + c / 100 ms, t_p(c, n) = base(n) + c / 10 ms, base non-monotonic (16 < 8)."""
+    contexts = np.array([100.0, 200.0, 400.0])
+    rows = np.array([1, 2, 3])
+    tokens = np.array([1, 2, 4, 8, 16])
+    base = np.array([10.0, 11.0, 13.0, 20.0, 18.0])
+    d = {"contexts": contexts, "draft_rows": rows,
+         "draft_seconds": 1e-3 * (rows[None, :] + contexts[:, None] / 100),
+         "target_tokens": tokens, "target_seconds": 1e-3 * (base[None, :] + contexts[:, None] / 10),
+         "feature_seconds": 0.5e-3, "meta": {"machine": "test"}}
+    d.update(changes)
+    return LatencyModel(**d)
+
+
+def tq(c, r):  # the toy's draft step, seconds
+    return 1e-3 * (r + c / 100)
+
+
+def tp(c, n):  # the toy's target pass at the grid's token counts, seconds
+    return 1e-3 * ({1: 10.0, 2: 11.0, 4: 13.0, 8: 20.0, 16: 18.0}[n] + c / 10)
+
+
+def test_exact_at_every_grid_point():
+    m = toy()
+    for i, c in enumerate(m.contexts):
+        for j, r in enumerate(m.draft_rows):
+            assert m.t_q(c, r) == m.draft_seconds[i, j]
+        for j, n in enumerate(m.target_tokens):
+            assert m.t_p(c, n) == m.target_seconds[i, j]
+
+
+def test_linear_between_grid_points_in_context_and_count():
+    m = toy()
+    assert m.t_q(150, 2) == pytest.approx(tq(150, 2), rel=1e-12)
+    assert m.t_q(300, 1) == pytest.approx(tq(300, 1), rel=1e-12)
+    assert m.t_p(100, 3) == pytest.approx((tp(100, 2) + tp(100, 4)) / 2, rel=1e-12)  # 12 + 10 ms
+    assert m.t_p(250, 6) == pytest.approx((tp(250, 4) + tp(250, 8)) / 2, rel=1e-12)
+    # arrays broadcast
+    np.testing.assert_allclose(m.t_q(np.array([100, 150, 400]), 2), [tq(100, 2), tq(150, 2), tq(400, 2)], rtol=1e-12)
+
+
+def test_non_monotone_measurements_are_kept():
+    m = toy()
+    assert m.t_p(200, 16) < m.t_p(200, 8)  # as measured: 16 tokens cheaper than 8
+    assert m.t_p(200, 16) == pytest.approx(tp(200, 16))
+    assert m.t_p(200, 12) == pytest.approx((tp(200, 8) + tp(200, 16)) / 2)
+
+
+def test_linear_extrapolation_in_context_clamped_at_the_smallest_measurement():
+    m = toy()
+    assert m.t_q(800, 3) == pytest.approx(tq(800, 3), rel=1e-12)  # beyond the grid: end segment extended
+    assert m.t_p(800, 4) == pytest.approx(tp(800, 4), rel=1e-12)
+    assert m.t_p(50, 4) == pytest.approx(tp(100, 4), rel=1e-12)  # below the grid: clamped at the minimum
+    # a table falling with context would extrapolate below anything measured: clamped per count
+    falling = toy(draft_seconds=1e-3 * np.array([[3.0, 4, 5], [2, 3, 4], [1.5, 2.5, 3.5]]))
+    assert falling.t_q(100_000, 1) == pytest.approx(1.5e-3)
+    assert falling.t_q(300, 1) == pytest.approx(1.75e-3)
+
+
+def test_counts_outside_the_profiled_range_are_an_error():
+    m = toy()
+    with pytest.raises(ValueError, match="profile.target_tokens"):
+        m.t_p(100, 17)
+    with pytest.raises(ValueError, match="profile.draft_rows"):
+        m.t_q(100, 4)
+
+
+def test_step_seconds_hand_computed():
+    m = toy()
+    l = 100  # noqa: E741
+    actions = [Action(1, 0, 0), Action(4, 0, 0), Action(1, 3, 0), Action(2, 0, 2), Action(3, 2, 1), Action(2, 2, 3)]
+    static = [
+        tp(l, 1),  # autoregressive: one target pass on the root, no draft
+        tp(l, 1),  # K ignored when L2 = 0
+        tq(l, 1) + tq(l + 1, 1) + tq(l + 2, 1) + tp(l, 4),  # root, 2 fed trunk nodes (the 3rd is a leaf)
+        tq(l, 1) + tq(l + 1, 2) + (tp(l, 4) * 3 + tp(l, 8)) / 4,  # root, one rollout level of 2 rows; n = 5
+        tq(l, 1) + tq(l + 1, 1) + tq(l + 2, 1) + (tp(l, 4) + tp(l, 8)) / 2,  # L2 = 1: leaves only; n = 6
+        tq(l, 1) + tq(l + 1, 1) + tq(l + 2, 1) + tq(l + 3, 2) + tq(l + 5, 2) + (tp(l, 8) * 7 + tp(l, 16)) / 8,
+    ]
+    np.testing.assert_allclose(m.step_seconds(l, actions), static, rtol=1e-12)
+    f = m.feature_seconds
+    np.testing.assert_allclose(m.step_seconds(l, actions, "target_only"), np.add(static, f), rtol=1e-12)
+    paper = np.add(static, f)
+    paper[:2] += tq(l, 1)  # no tree: the features still need the root's draft step
+    np.testing.assert_allclose(m.step_seconds(l, actions, "paper"), paper, rtol=1e-12)
+    with pytest.raises(ValueError, match="features"):
+        m.step_seconds(l, actions, "all")
+
+
+def test_step_seconds_takes_an_action_space_in_its_order():
+    m = toy()
+    space = ActionSpace(K=range(1, 4), L1=range(0, 3), L2=range(0, 3))
+    np.testing.assert_array_equal(m.step_seconds(250, space, "paper"), m.step_seconds(250, list(space), "paper"))
+    assert m.step_seconds(250, space).shape == (len(space),)
+
+
+def test_draft_forwards_list_each_forward_with_its_cache_length():
+    idx, ctx, rows = draft_forwards(10, [Action(3, 1, 3), Action(1, 0, 0)])
+    assert idx.tolist() == [0, 0, 0, 0]
+    assert list(zip(ctx.tolist(), rows.tolist(), strict=True)) == [(10, 1), (11, 1), (12, 3), (15, 3)]
+    assert draft_forwards(10, [Action(1, 0, 0)], "paper")[1].tolist() == [10]
+
+
+def test_save_load_round_trip(tmp_path):
+    m = toy()
+    path = m.save(tmp_path / "sub" / "latency.json")
+    assert [p.name for p in path.parent.iterdir()] == ["latency.json"]  # no temp file left behind
+    back = LatencyModel.load(path)
+    for name in ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(m, name))
+    assert back.feature_seconds == m.feature_seconds and back.meta == m.meta
+    assert back.to_dict() == m.to_dict()
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.pop("target_seconds"), r"missing keys \['target_seconds'\]"),
+    (lambda d: d.update(draft_seconds=[[1e-3, 2e-3]] * 3), r"draft_seconds must have shape \[3, 3\]"),
+    (lambda d: d["target_seconds"][1].__setitem__(2, float("nan")), r"target_seconds\[1\]\[2\] = nan"),
+    (lambda d: d["draft_seconds"][0].__setitem__(0, 0.0), r"draft_seconds\[0\]\[0\] = 0.0"),
+    (lambda d: d.update(draft_rows=[2, 3, 4]), "draft_rows must start at 1"),
+    (lambda d: d.update(contexts=[100, 400, 200]), "contexts must be strictly ascending"),
+    (lambda d: d.update(feature_seconds=-1), "feature_seconds must be finite and > 0"),
+    (lambda d: d.update(format_version=99), "re-run `branchpoint profile`"),
+    (lambda d: d["draft_seconds"][2].pop(), "draft_seconds must be numbers in a regular"),
+])
+def test_malformed_profile_is_a_clear_error(tmp_path, change, fragment):
+    d = json.loads(json.dumps(toy().to_dict()))
+    change(d)
+    path = tmp_path / "latency.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(LatencyProfileError, match=fragment) as info:
+        LatencyModel.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_or_unreadable_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="branchpoint profile"):
+        LatencyModel.load(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(LatencyProfileError, match="not valid JSON"):
+        LatencyModel.load(tmp_path / "bad.json")
+
+
+def test_imports_without_torch(tmp_path):
+    """The ONNX runtime and the numpy stages import the latency model with torch unavailable."""
+    toy().save(tmp_path / "latency.json")
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from decoding.latency import LatencyModel\n"
+            "from decoding.actions import Action\n"
+            f"m = LatencyModel.load({str(tmp_path / 'latency.json')!r})\n"
+            "print(m.step_seconds(100, [Action(2, 2, 3)], 'paper')[0])\n"
+            "assert 'torch' not in {k for k, v in sys.modules.items() if v is not None}\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout) > 0

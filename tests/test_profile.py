@@ -1,0 +1,117 @@
+"""Profiling (data_collection/profile.py, stage profile) on tiny random models."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import VOCAB, untied_pair
+
+from data_collection.profile import profile_pair, step_times, tile_ids, time_grid
+from decoding.actions import Action
+from decoding.engine.cache import KVState
+from decoding.engine.drafting import draft_tree
+from decoding.engine.tree_pass import prefill
+from decoding.latency import LatencyModel, draft_forwards
+from decoding.sampling import Sampling
+from models.tiny import tiny_lm
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return untied_pair(seed=3)
+
+
+def test_tiny_profile_is_a_valid_latency_model(pair, one_thread, tmp_path):
+    target, draft = pair
+    m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 16], draft_rows=[1, 2, 3],
+                     target_tokens=[1, 2, 5], repeats=2, warmup=1, feature_repeats=3, meta={"target": "tiny"})
+    assert m.draft_seconds.shape == (2, 3) and m.target_seconds.shape == (2, 3)
+    assert np.all(m.draft_seconds > 0) and np.all(m.target_seconds > 0) and m.feature_seconds > 0
+    assert m.meta["target"] == "tiny" and m.meta["threads"] == 1 and "torch" in m.meta["versions"]
+    assert m.meta["settings"]["repeats"] == 2 and m.meta["settings"]["feature_fn"]
+    back = LatencyModel.load(m.save(tmp_path / "latency.json"))
+    assert back.to_dict() == json.loads(json.dumps(m.to_dict()))
+    assert back.step_seconds(10, [Action(2, 1, 1), Action(1, 0, 0)]).shape == (2,)
+
+
+def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
+    target, draft = pair
+    grid = time_grid(target, draft, VOCAB, [5, 6, 7], contexts=[3, 8], draft_rows=[1, 4], target_tokens=[1, 3],
+                     repeats=3, warmup=0)
+    assert grid.draft.shape == (2, 2, 3) and grid.target.shape == (2, 2, 3) and np.all(grid.draft > 0)
+    p, q_prev, q_root = grid.rows
+    for row in (p, q_prev, q_root):  # real transformed rows, as the engine hands them to the features
+        assert row.shape == (VOCAB,) and row.dtype == np.float64 and row.sum() == pytest.approx(1.0)
+
+
+def test_step_times_keeps_train_drafts_metric_keys(pair, one_thread):
+    target, draft = pair
+    out = step_times(target, draft, tile_ids([4, 5, 6], 20), VOCAB, reps=3, warmup=1)
+    assert out["context_tokens"] == 20 and out["reps"] == 3 and out["threads"] == 1
+    assert out["step_time_ratio"] == pytest.approx(out["draft_step_ms"] / out["target_step_ms"])
+    assert 0 < out["draft_step_ms_min"] <= out["draft_step_ms"]
+
+
+@pytest.mark.parametrize("action", [Action(1, 3, 0), Action(3, 0, 2), Action(2, 2, 3), Action(4, 1, 1)])
+def test_priced_draft_forwards_are_the_forwards_the_engine_makes(action, one_thread):
+    """draft_forwards (what step_seconds prices) lists exactly the (cache length, rows) of each draft call."""
+    draft = tiny_lm(2, seed=5)
+    calls = []
+    draft.register_forward_pre_hook(  # mask [1, 1, rows, cached + rows]
+        lambda _m, _a, kw: calls.append((kw["attention_mask"].shape[-1] - kw["input_ids"].shape[1],
+                                         kw["input_ids"].shape[1])), with_kwargs=True)
+    l = 7  # noqa: E741  (context length: tokens before the root)
+    kv = KVState(draft)
+    with torch.inference_mode():
+        prefill(kv, list(range(3, 3 + l)))
+        calls.clear()
+        logits, _ = prefill(kv, [20])  # the root's draft step
+        q_root = torch.softmax(logits.float(), -1).double().numpy()
+        draft_tree(kv, len(kv) - 1, q_root, action, Sampling(), VOCAB, np.random.default_rng(0))
+    _, ctx, rows = draft_forwards(l, [action])
+    assert calls == list(zip(ctx.tolist(), rows.tolist(), strict=True))
+
+
+@pytest.fixture
+def tiny_params(tmp_path):
+    from models.tiny import save_tiny_model
+
+    t = save_tiny_model(tmp_path / "target", 2, seed=0)
+    d = save_tiny_model(tmp_path / "draft", 1, seed=1)
+    path = tmp_path / "params.yaml"
+    path.write_text(
+        f"model:\n  target: hf:{t}\n  draft: hf:{d}\n  device: cpu\n  threads: 1\n"
+        "decode:\n  prompt: w5 w9 w33\n"
+        "train_draft:\n  layers: 1\n  adapter_width: 16\n  vocab_subset_size: 32\n"
+        f"profile:\n  contexts: [4, 12]\n  draft_rows: [1, 2]\n  target_tokens: [1, 2, 4]\n  repeats: 2\n"
+        f"  warmup: 1\n  feature_repeats: 2\n  out: {tmp_path / 'latency.json'}\n")
+    return path
+
+
+@pytest.mark.parametrize("draft", ["hf", "untrained"])
+def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, capsys, one_thread):
+    from pipeline.cli import main
+
+    extra = [] if draft == "hf" else ["--set", f"model.draft=self_draft:{tmp_path / 'not_built'}"]
+    assert main(["profile", "--params", str(tiny_params), "--no-progress", *extra]) == 0
+    m = LatencyModel.load(tmp_path / "latency.json")
+    assert m.contexts.tolist() == [4, 12] and m.target_tokens.tolist() == [1, 2, 4]
+    assert m.meta["threads"] == 1 and m.meta["target"].startswith("hf:")
+    if draft == "untrained":  # the self-draft is not built yet: an untrained one of the configured shape
+        assert m.meta["draft_timed"].startswith("untrained self-draft") and "not_built" in m.meta["draft"]
+    else:
+        assert m.meta["draft_timed"] == m.meta["draft"]
+    assert "profile written to" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("profile.draft_rows=[2, 3]", "draft_rows must start at 1"),
+    ("profile.contexts=[256, 64]", "strictly ascending"),
+    ("model.threads=0", "threads must be >= 1"),
+])
+def test_profile_config_errors(override, fragment):
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(None, [override])
