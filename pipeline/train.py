@@ -37,23 +37,16 @@ def tracking_uri(tc) -> str:
 
 
 def git_revision() -> str:
+    """The code's git commit (``-dirty`` with uncommitted changes to tracked files), or "unknown"."""
+    repo = Path(__file__).resolve().parents[1]
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=repo).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
+                               text=True, check=True, cwd=repo).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def profile_path(cfg) -> str:
-    return cfg.profile.out
-
-
-def load_latency(path: str):
-    from decoding.latency import LatencyModel
-
-    return LatencyModel.load(path)
 
 
 def layout_for(tc, manifest: dict):
@@ -126,6 +119,7 @@ def run(cfg, args) -> int:
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest, sha256_file, write_json_atomic
     from decoding.features import FeatureSchema
+    from decoding.latency import LatencyModel
     from models.selector import SelectorNet, save_selector
     from models.selector_baselines import baseline_reports
     from models.selector_data import SelectorDataModule, build_selector_data
@@ -140,8 +134,8 @@ def run(cfg, args) -> int:
     layout = layout_for(tc, manifest)
     hidden = manifest["pair"]["hidden_sizes"]
     schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
-    profile = profile_path(cfg)
-    latency = load_latency(profile)
+    profile = cfg.profile.out
+    latency = LatencyModel.load(profile)
     ds = load_collected(cfg.collect.out)
     cols = ds.with_format("numpy")[:]
     collected = list(manifest["methods"])

@@ -1,10 +1,8 @@
 """Test data for the selector stage: a small REAL collected dataset (tiny random pair, `RootCollector`,
-the same `_table` / `ShardWriter` / manifest path as `branchpoint collect`) and a fake latency model with
-the contract of `decoding.latency.LatencyModel` (t_q, t_p, feature_seconds, step_seconds)."""
+the same `_table` / `ShardWriter` / manifest path as `branchpoint collect`) and a small real latency model."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,33 +17,15 @@ SETTINGS = [(1.0, 1.0), (0.6, 0.95)]
 SPLITS = ["train", "train", "train", "train", "val", "val", "test", "test"]  # by prompt
 
 
-class FakeLatency:
-    """Section 6's step time with a linear draft step and a linear target pass (seconds)."""
+def tiny_latency(feature_seconds: float = 2e-4):
+    """A real `LatencyModel` with linear tables: draft step ~1 ms (+20% per extra row), target pass ~5 ms
+    (+8% per extra token), both growing 0.1% per context token."""
+    from decoding.latency import LatencyModel
 
-    feature_seconds = 2e-4
-
-    def __init__(self, draft_base: float = 1e-3, target_base: float = 5e-3, target_per_token: float = 0.08):
-        self.draft_base, self.target_base, self.per_token = draft_base, target_base, target_per_token
-        self.meta = {"fake": True}
-
-    def t_q(self, l, rows):  # noqa: E741
-        return self.draft_base * (1 + 1e-3 * np.asarray(l, float)) * (1 + 0.2 * (np.asarray(rows, float) - 1))
-
-    def t_p(self, l, tokens):  # noqa: E741
-        return self.target_base * (1 + 1e-3 * np.asarray(l, float)) * (1 + self.per_token * (np.asarray(tokens, float) - 1))
-
-    def step_seconds(self, l, actions, features=None):  # noqa: E741
-        out = []
-        for a in actions:
-            t = sum(float(self.t_q(l + j, 1)) for j in range(a.L1))
-            t += sum(float(self.t_q(l + a.L1 + j, a.K)) for j in range(a.L2))
-            t += float(self.t_p(l, 1 + a.L1 + a.K * a.L2))
-            if features is not None:
-                t += self.feature_seconds
-            if features == "paper" and a.tree_size == 0:
-                t += float(self.t_q(l, 1))
-            out.append(t)
-        return np.array(out)
+    contexts, rows, tokens = np.array([1, 64, 256]), np.array([1, 2, 4]), np.array([1, 2, 4, 8, 16, 32])
+    grow = 1 + 1e-3 * contexts[:, None]
+    return LatencyModel(contexts, rows, 1e-3 * grow * (1 + 0.2 * (rows[None] - 1)), tokens,
+                        5e-3 * grow * (1 + 0.08 * (tokens[None] - 1)), feature_seconds, {"machine": "test"})
 
 
 def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int = 6, seed: int = 0) -> Path:
@@ -81,10 +61,3 @@ def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int =
     write_json_atomic(writer.path, writer.manifest)
     merge_manifests(out)
     return out
-
-
-def write_fake_profile(path: Path) -> Path:
-    """A JSON marker for the fake latency model (tests monkeypatch the loader)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"fake": True}))
-    return path

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from selector_helpers import METHODS, SPACE, FakeLatency, build_collected, write_fake_profile
+from selector_helpers import METHODS, SPACE, build_collected, tiny_latency
 
 from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
@@ -34,7 +34,7 @@ def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"
     schema = FeatureSchema.for_pair(feature_set, hidden["target"], hidden["draft"])
     layout = OutputLayout(tuple(methods), tuple(SPACE), auto)
     labels = {m: label_matrix(ds, m) for m in METHODS}
-    return build_selector_data(ds.with_format("numpy")[:], labels, None, schema, layout, FakeLatency())
+    return build_selector_data(ds.with_format("numpy")[:], labels, None, schema, layout, tiny_latency())
 
 
 def test_datamodule_splits_never_mix_prompts(collected):
@@ -201,7 +201,7 @@ def test_auto_layout_is_method_major(collected):
     np.testing.assert_allclose(data.cost[:, :A], data.cost[:, A:])  # the same action costs the same
     # the selector's cost includes its features (paper: the root's draft step for AR); static costs do not
     ar = SPACE.index(Action(1, 0, 0))
-    lat = FakeLatency()
+    lat = tiny_latency()
     l0 = int(data.context_length[0])
     assert data.cost[0, ar] == pytest.approx(data.cost_static[0, ar] + lat.feature_seconds + float(lat.t_q(l0, 1)))
     assert OutputLayout.from_dict(lay.to_dict()) == lay
@@ -214,15 +214,12 @@ def test_auto_layout_is_method_major(collected):
 
 
 def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
-    import pipeline.train
     from pipeline.cli import main
 
-    monkeypatch.setattr(pipeline.train, "load_latency", lambda path: FakeLatency())
-    profile = write_fake_profile(tmp_path / "latency.json")
-    monkeypatch.setattr(pipeline.train, "profile_path", lambda cfg: str(profile))
+    profile = tiny_latency().save(tmp_path / "latency.json")
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    rc = main(["train", "--set", f"collect.out={collected}", "--set", "train.epochs=2",
+    rc = main(["train", "--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=2",
                "--set", "train.baselines=[best_static,ridge]", "--set", f"train.tracking_uri={uri}",
                "--set", "train.out=sel", "--set", "train.metrics=metrics/train.json"])
     assert rc == 0
@@ -240,7 +237,7 @@ def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 3
     sel = next(r for r in runs if r.data.tags.get("model") == "selector")
-    assert sel.data.tags["dataset_config_hash"] == "tiny0123" and sel.data.tags["git_revision"]
+    assert sel.data.tags["dataset_config_hash"] == "tiny0123" and sel.data.tags["git_revision"] != "unknown"
     assert "val/tps/selector" in sel.data.metrics and "test/selector_vs_oracle" in sel.data.metrics
     assert len(client.get_metric_history(sel.info.run_id, "val/tps/selector")) == 2  # per epoch
     arts = {a.path for a in client.list_artifacts(sel.info.run_id, "plots")}
