@@ -131,7 +131,7 @@ class SelectorNet(nn.Module):
         """``inputs`` in `input_names` order -> ``[B, num_outputs]`` predicted Ê."""
         if len(inputs) != len(self.input_names):
             raise ValueError(f"SelectorNet expects inputs {self.input_names}, got {len(inputs)} tensors")
-        parts = [self.proj[name](self._standardize(name, x)) for name, x in zip(self.hidden_names, inputs)]
+        parts = [self.proj[name](self._standardize(name, x)) for name, x in zip(self.hidden_names, inputs[:-1], strict=True)]
         parts.append(self._standardize("scalars", inputs[-1]))
         return self.mlp(torch.cat(parts, dim=-1))
 

@@ -81,7 +81,7 @@ class SelectorData:
 
     def sampling(self) -> np.ndarray:
         """``[N]`` the sampling setting of each root as a string key."""
-        return np.array([sampling_key(t, p) for t, p in zip(self.temperature.tolist(), self.top_p.tolist())])
+        return np.array([sampling_key(t, p) for t, p in zip(self.temperature.tolist(), self.top_p.tolist(), strict=True)])
 
     def valid_outputs(self, idx: np.ndarray | None = None) -> np.ndarray:
         """``[O]`` outputs with a finite label at every root (of ``idx``): the ones a decision may pick."""
@@ -110,7 +110,7 @@ def step_costs(latency, context_length: np.ndarray, layout: OutputLayout, featur
     ctx = np.asarray(context_length, dtype=np.int64)
     uniq, inverse = np.unique(ctx, return_inverse=True)
     per = np.stack([np.asarray(latency.step_seconds(int(l), list(layout.actions), features=features),
-                               dtype=np.float64) for l in uniq])  # [U, A]
+                               dtype=np.float64) for l in uniq])  # noqa: E741  # [U, A]
     return np.tile(per[inverse.reshape(-1)], (1, len(layout.methods))) + float(extra_seconds)
 
 
@@ -141,7 +141,7 @@ def build_selector_data(columns, labels: Mapping[str, np.ndarray], label_se: Map
         raise SelectorDataError(f"labels have {E.shape[1]} columns, the layout {layout.size} outputs "
                          "(was the dataset collected on another action grid?)")
     features = schema.feature_set
-    ar_cost = np.array([latency.step_seconds(int(l), [AR], features=None)[0] for l in ctx.tolist()])
+    ar_cost = np.array([latency.step_seconds(int(l), [AR], features=None)[0] for l in ctx.tolist()])  # noqa: E741
     return SelectorData(
         schema=schema, layout=layout, inputs=inputs, labels=E, label_se=se,
         cost=step_costs(latency, ctx, layout, features, inference_seconds),

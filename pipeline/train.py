@@ -117,7 +117,13 @@ def run(cfg, args) -> int:
     import torch
     from pytorch_lightning.loggers import MLFlowLogger
 
-    from data_collection.dataset import label_matrix, load_collected, read_manifest, sha256_file, write_json_atomic
+    from data_collection.dataset import (
+        label_matrix,
+        load_collected,
+        read_manifest,
+        sha256_file,
+        write_json_atomic,
+    )
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
     from models.selector import SelectorNet, save_selector
@@ -185,7 +191,6 @@ def run(cfg, args) -> int:
     _log_metrics(client, run_id, {**test_metrics, "fit_seconds": fit_seconds})
     baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
 
-    split_seen = data.split != "test"
     meta = {
         "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
         "scalars": list(schema.scalars), "objective": tc.objective,
@@ -196,10 +201,9 @@ def run(cfg, args) -> int:
         "latency_profile": {"path": profile, "sha256": sha256_file(profile),
                             "meta": getattr(latency, "meta", {})},
         "metrics": {k: _summary(serializable(r)) for k, r in reports.items()},
-        "sampling_seen": {"temperature": [float(data.temperature[split_seen].min()),
-                                          float(data.temperature[split_seen].max())],
-                          "top_p": [float(data.top_p[split_seen].min()), float(data.top_p[split_seen].max())],
-                          "settings": sorted(set(fit.sampling().tolist()))},
+        "sampling_seen": {"temperature": [float(fit.temperature.min()), float(fit.temperature.max())],
+                          "top_p": [float(fit.top_p.min()), float(fit.top_p.max())],
+                          "settings": sorted(set(fit.sampling().tolist()))},  # of the train roots
         "pair": manifest["pair"],
         "dataset": {"path": cfg.collect.out, "config_hash": manifest["config_hash"], "rows": len(data),
                     "roots_per_split": {s: int((data.split == s).sum()) for s in ("train", "val", "test")}},
@@ -248,7 +252,7 @@ def results_table(metrics: dict, split: str = "test") -> str:
     for name, r in entries:
         if not r:
             continue
-        vals = " ".join(f"{r.get(c, float('nan')):{w}.3f}" for c, w in zip(cols, (12, 8, 6, 12)))
+        vals = " ".join(f"{r.get(c, float('nan')):{w}.3f}" for c, w in zip(cols, (12, 8, 6, 12), strict=True))
         rows.append(f"{name:24s} {r['tps']['selector']:8.1f} {vals}")
     r = metrics.get(split)
     if r:
