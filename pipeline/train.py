@@ -245,7 +245,8 @@ def results_table(metrics: dict, split: str = "test") -> str:
     """Realized TPS of the selector and the baselines on ``split``, as ratios to the references."""
     cols = ("selector_vs_best_static", "selector_vs_oracle", "selector_vs_autoregressive",
             "selector_vs_traversal_best_static")
-    head = f"{split.upper():24s} {'TPS':>8s} {'/best static':>12s} {'/oracle':>8s} {'/AR':>6s} {'/Trav.static':>12s}"
+    head = (f"{split.upper():24s} {'TPS':>8s} {'/best static':>12s} {'/oracle':>8s} {'/AR':>6s} {'/Trav.static':>12s} "
+            f"{'used':>4s}")
     rows = [head]
     entries = [("selector", metrics.get(split))] + [(f"baseline {k}", e.get(split))
                                                     for k, e in metrics.get("baselines", {}).items()]
@@ -253,7 +254,7 @@ def results_table(metrics: dict, split: str = "test") -> str:
         if not r:
             continue
         vals = " ".join(f"{r.get(c, float('nan')):{w}.3f}" for c, w in zip(cols, (12, 8, 6, 12), strict=True))
-        rows.append(f"{name:24s} {r['tps']['selector']:8.1f} {vals}")
+        rows.append(f"{name:24s} {r['tps']['selector']:8.1f} {vals} {len(r.get('chosen', {})):4d}")
     r = metrics.get(split)
     if r:
         t = r["tps"]
