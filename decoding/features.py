@@ -227,3 +227,16 @@ class FeatureSchema:
 def scalar_matrix(columns: Mapping[str, Sequence[float] | np.ndarray], names: Sequence[str]) -> np.ndarray:
     """``[N, len(names)]`` float32 from per-scalar columns (e.g. a collected dataset's columns)."""
     return np.stack([np.asarray(columns[n], dtype=np.float32) for n in names], axis=-1)
+
+
+def batch_inputs(schema: FeatureSchema, columns: Mapping[str, Sequence | np.ndarray], latency: LatencyModel
+                 ) -> dict[str, np.ndarray]:
+    """Batched selector inputs (float32, batch first) from a collected dataset's columns: hidden-state
+    columns as they are, stored scalars from their columns, derived scalars from ``latency`` at each row's
+    ``context_length``. The training data, the export's parity check and the offline evaluation all build
+    their inputs here."""
+    out = {h: np.asarray(columns[h], dtype=np.float32) for h in schema.hidden}
+    derived = derived_scalars(np.asarray(columns["context_length"]), latency)
+    cols = {n: (derived[n] if n in derived else np.asarray(columns[n])) for n in schema.scalars}
+    out["scalars"] = scalar_matrix(cols, schema.scalars)
+    return out

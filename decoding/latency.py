@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from .actions import Action, ActionSpace
+from .errors import UserInputError
 
 FORMAT = "branchpoint-latency"
 FORMAT_VERSION = 1
@@ -61,7 +62,7 @@ FEATURE_MODES = (None, "target_only", "paper")
 _KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
 
 
-class LatencyProfileError(ValueError):
+class LatencyProfileError(UserInputError):
     """A latency profile (file or arrays) is malformed; the message says what and where."""
 
 

@@ -20,9 +20,11 @@ marked invalid and never chosen.
 A trained selector on disk (`save_selector` / `load_selector`; the ONNX export reads exactly this):
 
     <folder>/selector.safetensors   the state dict (weights and the standardization buffers)
-    <folder>/selector.json          meta: format, architecture, feature set and schema
-                                    (`decoding.features.FeatureSchema.to_dict`), output layout, objective,
-                                    latency profile, training metrics, sampling range, pair, dataset hash
+    <folder>/selector.json          meta: format, architecture, ``feature_set``, ``schema``
+                                    (`decoding.features.FeatureSchema.to_dict`), ``outputs`` (the layout's
+                                    ``to_dict`` + ``valid``), ``objective``, ``latency`` (the profile,
+                                    `LatencyModel.to_dict`), ``metrics``, ``sampling_range``, ``pair``,
+                                    ``dataset`` (path, config hash, roots per split), git revision
 """
 
 from __future__ import annotations
@@ -81,13 +83,14 @@ class OutputLayout:
         return slice(start, start + len(self.actions))
 
     def to_dict(self) -> dict:
-        return {"method": AUTO if self.auto else self.methods[0], "methods": list(self.methods),
+        return {"method": AUTO if self.auto else self.methods[0], "auto": self.auto, "methods": list(self.methods),
                 "actions": [str(a) for a in self.actions],
                 "order": "method-major: output o = i_method * len(actions) + i_action"}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> OutputLayout:
-        return cls(tuple(d["methods"]), tuple(parse_action(a) for a in d["actions"]), d["method"] == AUTO)
+        auto = bool(d["auto"]) if "auto" in d else d.get("method") == AUTO
+        return cls(tuple(d["methods"]), tuple(parse_action(a) for a in d["actions"]), auto)
 
 
 class SelectorNet(nn.Module):

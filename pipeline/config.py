@@ -232,10 +232,8 @@ class TrainConfig:
     accelerator: str = "cpu"  # cpu | gpu | auto (Lightning)
     devices: int | str = 1  # Lightning devices (e.g. 4 or "auto" on a multi-GPU node)
     strategy: str = "auto"  # Lightning strategy (ddp on a multi-GPU node)
-    out: str = "artifacts/selector"  # selector.safetensors + selector.json (+ checkpoints/)
+    out: str = "artifacts/selector_torch"  # selector.safetensors + selector.json, checkpoints/, plots/ (export reads it)
     metrics: str = "metrics/train.json"
-    tracking_uri: str = ""  # MLflow store; "" = $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    experiment: str = "train_selector"
 
     def validate(self) -> None:
         from decoding.features import FEATURE_SETS
@@ -261,6 +259,31 @@ class TrainConfig:
             raise ValueError(f"throughput_alpha must be in (0, 1], not {self.throughput_alpha}")
 
 
+@dataclass
+class TrackingConfig:
+    """MLflow for every stage (pipeline/tracking.py); MLFLOW_TRACKING_URI, when set, wins over ``uri``."""
+
+    uri: str = "sqlite:///mlflow.db"  # git-ignored local store
+    experiment: str = "branchpoint"  # one experiment; runs are tagged with their stage and git revision
+
+
+@dataclass
+class ExportConfig:
+    """Stage export: the trained selector (train.out) as ONNX + sidecar (export/)."""
+
+    out: str = "artifacts/selector"  # selector.onnx + selector.json; `decode --selector` reads it
+    parity_rows: int = 256  # held-out roots the ONNX graph must reproduce
+    atol: float = 1.0e-4  # max |torch - onnxruntime| of the predicted block efficiency
+    mlflow: bool = True  # log the ONNX model and register it
+    registered_model: str = "branchpoint-selector"
+
+    def validate(self) -> None:
+        if self.parity_rows < 1:
+            raise ValueError(f"parity_rows must be >= 1, not {self.parity_rows}")
+        if not self.atol > 0:
+            raise ValueError(f"atol must be > 0, not {self.atol}")
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "prompts": PromptsConfig,
@@ -269,6 +292,8 @@ SECTIONS: dict[str, type] = {
     "train_draft": TrainDraftConfig,
     "actions": ActionsConfig,
     "collect": CollectConfig,
+    "tracking": TrackingConfig,
+    "export": ExportConfig,
     "profile": ProfileConfig,
     "train": TrainConfig,
 }
@@ -283,6 +308,8 @@ class Config:
     train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     source: str = "<defaults>"  # where the values came from, for messages

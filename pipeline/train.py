@@ -13,8 +13,9 @@ weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and 
 3. TEST report of the selector and of the scikit-learn baselines (``train.baselines``, each its own MLflow
    run in the same experiment), plots, the selector folder, the metrics file.
 
-MLflow: ``train.tracking_uri`` ("" = $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db), experiment
-``train.experiment``, one run per training tagged with the git revision and the dataset's config hash.
+MLflow (`pipeline.tracking`: ``tracking.uri`` unless $MLFLOW_TRACKING_URI is set, experiment
+``tracking.experiment``): one run per training tagged ``stage=train``, the git revision and the dataset's
+config hash; the baselines are runs of their own with the same tags and metric names.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,23 +30,6 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
     parser.add_argument("--run-name", default=None, help="MLflow run name (default: method/feature set/objective)")
-
-
-def tracking_uri(tc) -> str:
-    return tc.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-
-
-def git_revision() -> str:
-    """The code's git commit (``-dirty`` with uncommitted changes to tracked files), or "unknown"."""
-    repo = Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=repo).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True, cwd=repo).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def layout_for(tc, manifest: dict):
@@ -132,6 +115,7 @@ def run(cfg, args) -> int:
     from models.selector_eval import evaluate, flat_metrics, serializable
     from models.selector_plots import selector_plots
     from models.selector_training import SelectorHParams, fit_selector, predict
+    from pipeline.tracking import git_revision, tracking_uri
 
     tc = cfg.train
     torch.set_num_threads(tc.threads)
@@ -154,9 +138,9 @@ def run(cfg, args) -> int:
     load_seconds = time.perf_counter() - start
 
     run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"
-    tags = {"git_revision": git_revision(), "dataset_config_hash": manifest["config_hash"]}
-    uri = tracking_uri(tc)
-    logger = MLFlowLogger(experiment_name=tc.experiment, tracking_uri=uri, run_name=run_name,
+    tags = {"stage": "train", "git_revision": git_revision(), "dataset_config_hash": manifest["config_hash"]}
+    uri = tracking_uri(cfg)
+    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_name=run_name,
                           tags={**tags, "model": "selector"})
     params = {"method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective,
               "methods": ",".join(layout.methods), "outputs": layout.size, "dataset": cfg.collect.out,
@@ -195,13 +179,14 @@ def run(cfg, args) -> int:
         "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
         "scalars": list(schema.scalars), "objective": tc.objective,
         "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
+        "latency": latency.to_dict(),  # the profile the costs came from (export embeds it in its sidecar)
         "decision": "argmax over valid outputs o of output[o] / T(o); T = LatencyModel.step_seconds(context_length, "
                     "actions, features=feature_set) + inference_seconds, tiled over methods (method-major)",
         "inference_seconds": infer,
         "latency_profile": {"path": profile, "sha256": sha256_file(profile),
                             "meta": getattr(latency, "meta", {})},
         "metrics": {k: _summary(serializable(r)) for k, r in reports.items()},
-        "sampling_seen": {"temperature": [float(fit.temperature.min()), float(fit.temperature.max())],
+        "sampling_range": {"temperature": [float(fit.temperature.min()), float(fit.temperature.max())],
                           "top_p": [float(fit.top_p.min()), float(fit.top_p.max())],
                           "settings": sorted(set(fit.sampling().tolist()))},  # of the train roots
         "pair": manifest["pair"],

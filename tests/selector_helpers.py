@@ -1,5 +1,6 @@
-"""Test data for the selector stage: a small REAL collected dataset (tiny random pair, `RootCollector`,
-the same `_table` / `ShardWriter` / manifest path as `branchpoint collect`) and a small real latency model."""
+"""Shared pieces for selector tests: a linear toy latency profile, a random selector with its meta, and a
+small REAL collected dataset (`build_collected`: tiny random pair, `RootCollector`, the same `_table` /
+`ShardWriter` / manifest path as `branchpoint collect`)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,52 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import torch
 from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import ActionSpace
+from decoding.features import FeatureSchema
+from decoding.latency import LatencyModel
+from models.selector import SelectorNet
 
-SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))  # 18 actions
-METHODS = ["traversal", "specinfer"]
+SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))
+METHODS = ["traversal", "specinfer"]  # of build_collected
 SETTINGS = [(1.0, 1.0), (0.6, 0.95)]
 SPLITS = ["train", "train", "train", "train", "val", "val", "test", "test"]  # by prompt
 
 
-def tiny_latency(feature_seconds: float = 2e-4):
-    """A real `LatencyModel` with linear tables: draft step ~1 ms (+20% per extra row), target pass ~5 ms
-    (+8% per extra token), both growing 0.1% per context token."""
-    from decoding.latency import LatencyModel
+def toy_latency() -> LatencyModel:
+    """t_q(c, r) = 2 r + c / 100 ms, t_p(c, n) = 10 + 2 n + c / 10 ms on a grid covering SPACE's trees."""
+    contexts = np.array([16.0, 256.0, 1024.0])
+    rows = np.array([1, 2, 3, 4])
+    tokens = np.arange(1, 17)
+    return LatencyModel(contexts, rows, 1e-3 * (2 * rows[None, :] + contexts[:, None] / 100), tokens,
+                        1e-3 * (10 + 2 * tokens[None, :] + contexts[:, None] / 10), 0.5e-3, {"machine": "toy"})
 
-    contexts, rows, tokens = np.array([1, 64, 256]), np.array([1, 2, 4]), np.array([1, 2, 4, 8, 16, 32])
-    grow = 1 + 1e-3 * contexts[:, None]
-    return LatencyModel(contexts, rows, 1e-3 * grow * (1 + 0.2 * (rows[None] - 1)), tokens,
-                        5e-3 * grow * (1 + 0.08 * (tokens[None] - 1)), feature_seconds, {"machine": "test"})
+
+def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8)):
+    """A randomly initialised SelectorNet and the meta `models.selector.save_selector` expects."""
+    torch.manual_seed(seed)
+    schema = FeatureSchema.for_pair(feature_set, *hidden)
+    shapes = schema.input_shapes()
+    actions = [str(a) for a in SPACE]
+    outputs = len(methods) * len(actions)
+    net = SelectorNet({h: shapes[h][0] for h in schema.hidden}, len(schema.scalars), outputs, proj=16,
+                      widths=(32, 16), dropout=0.0).eval()
+    valid = [not (m == "bv" and a.K > 1 and a.L2 > 0) for m in methods for a in SPACE]
+    meta = {"feature_set": feature_set, "schema": schema.to_dict(),
+            "outputs": {"methods": list(methods), "actions": actions, "auto": len(methods) > 1, "valid": valid},
+            "latency": toy_latency().to_dict(), "pair": {"target": "tiny", "draft": "tiny"}}
+    return net, meta, schema
+
+
+def random_inputs(schema: FeatureSchema, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {k: rng.normal(size=(n, *shape)).astype(np.float32) for k, shape in schema.input_shapes().items()}
+    idx = schema.scalars.index("context_length") if "context_length" in schema.scalars else None
+    if idx is not None:
+        out["scalars"][:, idx] = rng.integers(20, 900, n)
+    return out
 
 
 def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int = 6, seed: int = 0) -> Path:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from selector_helpers import METHODS, SPACE, build_collected, tiny_latency
+from selector_helpers import METHODS, SPACE, build_collected, toy_latency
 
 from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
@@ -34,7 +34,7 @@ def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"
     schema = FeatureSchema.for_pair(feature_set, hidden["target"], hidden["draft"])
     layout = OutputLayout(tuple(methods), tuple(SPACE), auto)
     labels = {m: label_matrix(ds, m) for m in METHODS}
-    return build_selector_data(ds.with_format("numpy")[:], labels, None, schema, layout, tiny_latency())
+    return build_selector_data(ds.with_format("numpy")[:], labels, None, schema, layout, toy_latency())
 
 
 def test_datamodule_splits_never_mix_prompts(collected):
@@ -201,7 +201,7 @@ def test_auto_layout_is_method_major(collected):
     np.testing.assert_allclose(data.cost[:, :A], data.cost[:, A:])  # the same action costs the same
     # the selector's cost includes its features (paper: the root's draft step for AR); static costs do not
     ar = SPACE.index(Action(1, 0, 0))
-    lat = tiny_latency()
+    lat = toy_latency()
     l0 = int(data.context_length[0])
     assert data.cost[0, ar] == pytest.approx(data.cost_static[0, ar] + lat.feature_seconds + float(lat.t_q(l0, 1)))
     assert OutputLayout.from_dict(lay.to_dict()) == lay
@@ -214,30 +214,33 @@ def test_auto_layout_is_method_major(collected):
 
 
 def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
+    from decoding.latency import LatencyModel
     from pipeline.cli import main
 
-    profile = tiny_latency().save(tmp_path / "latency.json")
+    profile = toy_latency().save(tmp_path / "latency.json")
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     rc = main(["train", "--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=2",
-               "--set", "train.baselines=[best_static,ridge]", "--set", f"train.tracking_uri={uri}",
-               "--set", "train.out=sel", "--set", "train.metrics=metrics/train.json"])
+               "--set", "train.baselines=[best_static,ridge]", "--set", "train.out=sel", "--set", "train.metrics=metrics/train.json"])
     assert rc == 0
     metrics = json.loads((tmp_path / "metrics/train.json").read_text())
     assert metrics["test"]["tps"]["selector"] > 0 and set(metrics["baselines"]) == {"best_static", "ridge"}
     assert metrics["baselines"]["best_static"]["test"]["selector_vs_best_static"] == pytest.approx(1.0)
     assert (tmp_path / "sel/checkpoints/best.ckpt").is_file()
     net, meta = load_selector(tmp_path / "sel")
-    assert meta["dataset"]["config_hash"] == "tiny0123" and meta["outputs"]["method"] == "auto"
+    assert meta["dataset"]["config_hash"] == "tiny0123" and meta["outputs"]["auto"] is True
+    assert LatencyModel.from_dict(meta["latency"]).feature_seconds == toy_latency().feature_seconds
     assert len(meta["outputs"]["valid"]) == net.num_outputs == 2 * len(SPACE)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("train_selector")
+    exp = client.get_experiment_by_name("branchpoint")
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 3
     sel = next(r for r in runs if r.data.tags.get("model") == "selector")
-    assert sel.data.tags["dataset_config_hash"] == "tiny0123" and sel.data.tags["git_revision"] != "unknown"
+    assert sel.data.tags["dataset_config_hash"] == "tiny0123" and sel.data.tags["stage"] == "train"
+    assert "git_revision" in sel.data.tags
     assert "val/tps/selector" in sel.data.metrics and "test/selector_vs_oracle" in sel.data.metrics
     assert len(client.get_metric_history(sel.info.run_id, "val/tps/selector")) == 2  # per epoch
     arts = {a.path for a in client.list_artifacts(sel.info.run_id, "plots")}

@@ -1,0 +1,126 @@
+"""`SelectorRuntime`: run an exported selector with numpy and onnxruntime only (no torch, no transformers).
+
+An exported selector is a folder (written by ``branchpoint export``)::
+
+    selector.onnx   inputs: the features of the schema (float32, batch first) and ``step_seconds``
+                    [batch, outputs] (T(c, a) of every output); outputs: ``expected_block_efficiency``
+                    [batch, outputs] and ``choice`` [batch] (int64, argmax Ê / T over the valid outputs)
+    selector.json   the sidecar: feature schema, output table (method, action), latency profile, pair,
+                    training facts, versions, and the ONNX file's sha256
+
+The runtime checks the sha256, checks that the ONNX inputs match the sidecar's schema, validates every
+feature vector it is given (wrong dims, missing or extra inputs, NaN: one clear `FeatureError`), prices
+the actions with a latency profile (the one the selector was trained with, or a fresh one from
+``branchpoint profile`` on the machine where it runs) and implements the decoder's selector protocol
+(`decoding.selector`): ``select(RootFeatures) -> Choice``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from decoding.actions import parse_action
+from decoding.errors import UserInputError
+from decoding.features import FeatureError, FeatureSchema
+from decoding.latency import LatencyModel
+from decoding.selector import Choice, RootFeatures
+
+ONNX_FILE = "selector.onnx"
+SIDECAR_FILE = "selector.json"
+STEP_SECONDS = "step_seconds"
+OUTPUTS = ("expected_block_efficiency", "choice")
+
+
+class SelectorArtifactError(UserInputError):
+    """An exported selector folder that is missing, tampered with or inconsistent."""
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_sidecar(folder: str | Path) -> dict:
+    path = Path(folder) / SIDECAR_FILE
+    if not path.is_file():
+        raise SelectorArtifactError(f"{path} not found: export a selector first (`branchpoint export`)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SelectorArtifactError(f"{path}: not valid JSON ({e})") from None
+
+
+class SelectorRuntime:
+    """An exported selector, ready to choose the action (and method) of each decoding step."""
+
+    def __init__(self, folder: str | Path, latency: str | Path | LatencyModel | None = None,
+                 providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> None:
+        import onnxruntime as ort
+
+        self.folder = Path(folder)
+        self.sidecar = read_sidecar(self.folder)
+        onnx_path = self.folder / ONNX_FILE
+        if not onnx_path.is_file():
+            raise SelectorArtifactError(f"{onnx_path} not found")
+        digest = sha256_file(onnx_path)
+        if digest != self.sidecar.get("onnx_sha256"):
+            raise SelectorArtifactError(f"{onnx_path}: sha256 {digest[:12]}... does not match the sidecar's "
+                                        f"{str(self.sidecar.get('onnx_sha256'))[:12]}...: the file was modified or "
+                                        "belongs to another export; re-export it")
+        self.schema = FeatureSchema.from_dict(self.sidecar["features"])
+        out = self.sidecar["outputs"]
+        self.methods = list(out["methods"])
+        self.table = [(m, parse_action(a)) for m, a in out["table"]]  # output o -> (method, action)
+        self.auto = bool(out.get("auto", False))
+        self.actions = [parse_action(a) for a in out["actions"]]
+        if isinstance(latency, LatencyModel):
+            self.latency = latency
+        elif latency is not None:
+            self.latency = LatencyModel.load(latency)
+        else:
+            self.latency = LatencyModel.from_dict(self.sidecar["latency_profile"])
+        self.session = ort.InferenceSession(str(onnx_path), providers=list(providers))
+        self._check_session()
+        self.needs_hidden_states = bool(self.schema.hidden)
+        self.needs_draft = self.schema.needs_draft
+
+    def _check_session(self) -> None:
+        expected = {**self.schema.input_shapes(), STEP_SECONDS: (len(self.table),)}
+        got = {i.name: tuple(i.shape[1:]) for i in self.session.get_inputs()}
+        if set(got) != set(expected) or any(tuple(got[k]) != tuple(v) for k, v in expected.items()):
+            raise SelectorArtifactError(f"{self.folder / ONNX_FILE}: inputs {got} do not match the sidecar's feature "
+                                        f"schema {expected}; the sidecar and the ONNX file are from different exports")
+
+    def step_seconds(self, context_length: int) -> np.ndarray:
+        """``[outputs]`` T(c, a) of every output at this context length, features' cost included."""
+        per_action = self.latency.step_seconds(int(context_length), self.actions, features=self.schema.feature_set)
+        return np.tile(per_action, len(self.methods)).astype(np.float32)
+
+    def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first)."""
+        self.schema.validate(inputs, batched=True)
+        feed = {k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()}
+        feed[STEP_SECONDS] = np.asarray(step_seconds, dtype=np.float32)
+        e, choice = self.session.run(list(OUTPUTS), feed)
+        return e, choice
+
+    def select(self, features: RootFeatures) -> Choice:
+        """The decoder's selector protocol: the output with the best predicted tokens per second."""
+        x = self.schema.vectorize(features, self.latency)
+        _, choice = self.decide({k: v[None] for k, v in x.items()}, self.step_seconds(features.context_length)[None])
+        method, action = self.table[int(choice[0])]
+        return Choice(action, method)
+
+    def __repr__(self) -> str:
+        return (f"SelectorRuntime({self.folder}, {self.schema.feature_set}, methods {self.methods}, "
+                f"{len(self.table)} outputs)")
+
+
+__all__ = ["FeatureError", "SelectorArtifactError", "SelectorRuntime", "read_sidecar"]
