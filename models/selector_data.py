@@ -4,8 +4,8 @@ A row is one *root* of the collected dataset (`data_collection.dataset`; the cal
 only reads columns by name). `SelectorData` holds, for N roots and O outputs of an `OutputLayout`:
 
 - ``inputs``: the selector's inputs in `FeatureSchema.input_shapes` order (hidden states ``[N, H]``
-  float32, ``scalars`` ``[N, S]``; the latency scalars come from the latency model at each root's
-  context length, `decoding.features.derived_scalars`);
+  float32, ``scalars`` ``[N, S]``), built by `decoding.features.batch_inputs` exactly as the export's
+  parity check builds them (latency scalars from the latency model at each root's context length);
 - ``labels`` ``[N, O]``: Ê(c, output) (NaN where the output's method does not apply), ``label_se``;
 - step times (seconds, `LatencyModel.step_seconds`): ``cost`` ``[N, O]`` what one step costs when the
   selector chooses (its feature set's feature cost plus ``inference_seconds``), ``cost_static``
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from decoding import throughput
 from decoding.actions import Action
 from decoding.errors import UserInputError
-from decoding.features import STORED_SCALARS, FeatureSchema, derived_scalars, scalar_matrix
+from decoding.features import FeatureSchema, batch_inputs
 
 from .selector import OutputLayout
 
@@ -130,10 +130,7 @@ def build_selector_data(columns, labels: Mapping[str, np.ndarray], label_se: Map
     if missing:
         raise SelectorDataError(f"no labels for methods {missing}; the dataset has {sorted(labels)}")
     ctx = _column(columns, "context_length", np.int64)
-    stored = {n: _column(columns, n, np.float64) for n in STORED_SCALARS if n in schema.scalars}
-    values = {**stored, **derived_scalars(ctx, latency)}
-    inputs = {h: _column(columns, h, np.float32) for h in schema.hidden}
-    inputs["scalars"] = scalar_matrix(values, schema.scalars)
+    inputs = batch_inputs(schema, columns, latency)  # the one place that builds inputs from dataset columns
     E = np.concatenate([np.asarray(labels[m], dtype=np.float32) for m in layout.methods], axis=1)  # [N, O]
     se = (np.concatenate([np.asarray(label_se[m], dtype=np.float32) for m in layout.methods], axis=1)
           if label_se is not None else np.zeros_like(E))
