@@ -122,7 +122,11 @@ class SelectorModule(pl.LightningModule):
         self.hparams.update(vars(hparams))  # saved in checkpoints; MLflow params are logged once by the stage
         self.fit_data, self.val_data = fit, val
         self.register_buffer("valid", torch.as_tensor(np.asarray(valid, bool)), persistent=False)  # [O]
-        self.log_beta = torch.nn.Parameter(torch.tensor(math.log(hparams.policy_beta)))
+        log_beta = torch.tensor(math.log(hparams.policy_beta))
+        if hparams.objective == "throughput":  # a parameter only where the loss uses it (DDP needs every one)
+            self.log_beta = torch.nn.Parameter(log_beta)
+        else:
+            self.register_buffer("log_beta", log_beta)
         self.last_report: dict | None = None
 
     def loss(self, batch) -> torch.Tensor:
@@ -149,8 +153,7 @@ class SelectorModule(pl.LightningModule):
             self.log(name, value, prog_bar=name in ("val/selector_vs_best_static", "val/mae"))
 
     def configure_optimizers(self):
-        params = [p for n, p in self.named_parameters() if n != "log_beta" or self.hp.objective == "throughput"]
-        opt = torch.optim.AdamW(params, lr=self.hp.lr, weight_decay=self.hp.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hp.lr, weight_decay=self.hp.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, self.hp.epochs),
                                                            eta_min=self.hp.lr / 20)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
