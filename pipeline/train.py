@@ -95,23 +95,42 @@ def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
         client.log_batch(run_id, metrics=items[i:i + 900])
 
 
-def run(cfg, args) -> int:
+def training_data(cfg):
+    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset."""
     import numpy as np
+
+    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from decoding.features import FeatureSchema
+    from decoding.latency import LatencyModel
+    from models.selector import SelectorNet
+    from models.selector_data import build_selector_data
+
+    tc = cfg.train
+    manifest = read_manifest(cfg.collect.out)
+    layout = layout_for(tc, manifest)
+    hidden = manifest["pair"]["hidden_sizes"]
+    schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
+    latency = LatencyModel.load(cfg.profile.out)
+    ds = load_collected(cfg.collect.out)
+    cols = ds.with_format("numpy")[:]
+    collected = list(manifest["methods"])
+    labels = {m: label_matrix(ds, m) for m in collected}
+    label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
+    # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
+    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
+    infer = inference_seconds(probe) if tc.charge_inference else 0.0
+    data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
+    return manifest, layout, schema, latency, data, infer
+
+
+def run(cfg, args) -> int:
     import torch
     from pytorch_lightning.loggers import MLFlowLogger
 
-    from data_collection.dataset import (
-        label_matrix,
-        load_collected,
-        read_manifest,
-        sha256_file,
-        write_json_atomic,
-    )
-    from decoding.features import FeatureSchema
-    from decoding.latency import LatencyModel
+    from data_collection.dataset import sha256_file, write_json_atomic
     from models.selector import SelectorNet, save_selector
     from models.selector_baselines import baseline_reports
-    from models.selector_data import SelectorDataModule, build_selector_data
+    from models.selector_data import SelectorDataModule
     from models.selector_eval import evaluate, flat_metrics, serializable
     from models.selector_plots import selector_plots
     from models.selector_training import SelectorHParams, fit_selector, predict
@@ -120,21 +139,9 @@ def run(cfg, args) -> int:
     tc = cfg.train
     torch.set_num_threads(tc.threads)
     start = time.perf_counter()
-    manifest = read_manifest(cfg.collect.out)
-    layout = layout_for(tc, manifest)
-    hidden = manifest["pair"]["hidden_sizes"]
-    schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
-    profile = cfg.profile.out
-    latency = LatencyModel.load(profile)
-    ds = load_collected(cfg.collect.out)
-    cols = ds.with_format("numpy")[:]
-    collected = list(manifest["methods"])
-    labels = {m: label_matrix(ds, m) for m in collected}
-    label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
-    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
-    infer = inference_seconds(net) if tc.charge_inference else 0.0
-    data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
+    manifest, layout, schema, latency, data, infer = training_data(cfg)
     dm = SelectorDataModule(data, tc.batch_size, tc.seed)
+    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
     load_seconds = time.perf_counter() - start
 
     run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"
@@ -144,7 +151,7 @@ def run(cfg, args) -> int:
                           tags={**tags, "model": "selector"})
     params = {"method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective,
               "methods": ",".join(layout.methods), "outputs": layout.size, "dataset": cfg.collect.out,
-              "latency_profile": profile, "inference_seconds": infer,
+              "latency_profile": cfg.profile.out, "inference_seconds": infer,
               **{f"train.{k}": v for k, v in dataclasses.asdict(tc).items() if k not in ("method", "feature_set",
                                                                                        "objective")},
               **{f"roots_{s}": int((data.split == s).sum()) for s in ("train", "val", "test")}}
@@ -171,8 +178,7 @@ def run(cfg, args) -> int:
                                  tc.baselines, tc.seed) if tc.baselines else {}
     base_seconds = time.perf_counter() - base_start
     client, run_id = logger.experiment, logger.run_id
-    test_metrics = {k: v for k, v in flat_metrics(reports.get("test", {}), "test").items()}
-    _log_metrics(client, run_id, {**test_metrics, "fit_seconds": fit_seconds})
+    _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
     baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
 
     meta = {
@@ -183,7 +189,7 @@ def run(cfg, args) -> int:
         "decision": "argmax over valid outputs o of output[o] / T(o); T = LatencyModel.step_seconds(context_length, "
                     "actions, features=feature_set) + inference_seconds, tiled over methods (method-major)",
         "inference_seconds": infer,
-        "latency_profile": {"path": profile, "sha256": sha256_file(profile),
+        "latency_profile": {"path": cfg.profile.out, "sha256": sha256_file(cfg.profile.out),
                             "meta": getattr(latency, "meta", {})},
         "metrics": {k: _summary(serializable(r)) for k, r in reports.items()},
         "sampling_range": {"temperature": [float(fit.temperature.min()), float(fit.temperature.max())],
