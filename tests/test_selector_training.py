@@ -245,3 +245,28 @@ def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
     assert len(client.get_metric_history(sel.info.run_id, "val/tps/selector")) == 2  # per epoch
     arts = {a.path for a in client.list_artifacts(sel.info.run_id, "plots")}
     assert "plots/test_chosen_actions.png" in arts and "plots/test_pred_vs_measured.png" in arts
+
+
+def test_losses_against_hand_values():
+    from models.selector_training import policy_tps, regression_loss, throughput_loss
+
+    pred = torch.tensor([[1.0, 2.0, 3.0]])
+    E = torch.tensor([[1.5, 2.0, float("nan")]])
+    valid = torch.tensor([True, True, True])
+    assert float(regression_loss(pred, E, None, valid)) == pytest.approx(0.25 / 2)  # NaN label skipped
+    se = torch.tensor([[0.0, 1.0, 0.0]])
+    w0, w1 = 1 / 0.05 ** 2, 1 / (1 + 0.05 ** 2)
+    assert float(regression_loss(pred, E, se, valid, "inverse_se")) == pytest.approx(w0 * 0.25 / (w0 + w1))
+    # policy: beta -> large picks argmax Ê/T; TPS_pi = Ê/T of that output
+    E2, cost = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 1.5, 3.0]])
+    assert float(policy_tps(E2, E2, cost, valid, torch.tensor(200.0))) == pytest.approx(2 / 1.5, rel=1e-4)
+    # beta = 0: uniform policy, TPS = mean Ê / mean T
+    assert float(policy_tps(E2, E2, cost, valid, torch.tensor(0.0))) == pytest.approx(6 / 5.5)
+    base = torch.tensor([1.0])
+    ratio = 6 / 5.5
+    expected = -np.log(ratio) + 0.0  # ratio > 1: no hinge
+    assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 1.0, 0.5)) == pytest.approx(expected)
+    base = torch.tensor([2.0])  # ratio < 1: hinge (1 - ratio)^2 on the worst fraction (the one root)
+    r = ratio / 2
+    assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 3.0, 0.5)) == pytest.approx(
+        -np.log(r) + 3.0 * (1 - r) ** 2)
