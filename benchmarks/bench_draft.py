@@ -7,7 +7,7 @@ Measures, on this machine, with the trained artifact loaded through `load_pair` 
    vs autoregressive decoding with the engine (decoding/engine) on TEST prompts: block efficiency
    (tokens per target pass) and tokens per second.
 
-Run: ``python -m benchmarks.bench_draft`` (after ``dvc repro train_draft``); ``--quick`` for a smoke run.
+Run: ``python -m benchmarks.bench_draft`` (after ``dvc repro train_draft``; TEST prompts from the trajectories); ``--quick`` for a smoke run.
 """
 
 from __future__ import annotations
@@ -43,20 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from data_collection.profile import step_times, tile_ids
+    from data_collection.trajectories import load_trajectories
     from decoding.actions import Action
     from decoding.engine import generate
     from decoding.sampling import Sampling
-    from models.draft_data import eos_ids
-    from models.loading import load_pair
+    from models.loading import eos_ids, load_pair
     from pipeline.config import load_config
-    from pipeline.train_draft import _texts
 
     cfg = load_config(args.params if Path(args.params).is_file() else None)
     torch.set_num_threads(args.threads or cfg.train_draft.threads)
     pair = load_pair(cfg.model.target, f"self_draft:{cfg.train_draft.out}", cfg.model.device, cfg.model.dtype,
                      cfg.model.cache_dir)
     target, draft, tok = pair.target, pair.draft, pair.tokenizer
-    texts = _texts(cfg, tok)["test"]
+    test_prompts = list({t.prompt_id: t.prompt_ids for t in load_trajectories(cfg.trajectories.out, ["test"])}.values())
     result: dict = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
@@ -65,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                                                if k != "target_fingerprint"}},
         "step_time": [],
     }
-    ids = tok(texts[0], add_special_tokens=False)["input_ids"]
+    ids = test_prompts[0]
     for n in [int(c) for c in args.contexts.split(",")]:
         result["step_time"].append(step_times(target, draft, tile_ids(ids, n), pair.vocab_size, reps=args.reps))
         print(json.dumps(result["step_time"][-1]))
     result["step_time_ratio"] = max(r["step_time_ratio"] for r in result["step_time"])
 
-    eos = sorted(eos_ids(tok, target))
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[: args.prompts]]
+    eos = eos_ids(tok, target)
+    prompts = test_prompts[: args.prompts]
     result["decoding"] = []
     for temp in [float(t) for t in args.temperatures.split(",")]:
         sampling = Sampling(temperature=temp)

@@ -15,8 +15,13 @@ A *spec* names what to load (see `load_prompt_set`):
                                    a hub dataset (needs the hub or a local HF cache)
   [spec, spec, ...]                the concatenation of the specs, in order
 
-Prompts are split into train/val/test BY PROMPT with `split_prompts`, from a hash of
-(seed, prompt_id), so a prompt keeps its split when other prompts are added.
+Prompts are split BY PROMPT with `split_prompts` into four parts, from a hash of (seed, prompt_id), so a
+prompt keeps its split when other prompts are added:
+  draft   the self-draft trains on these only (stage train_draft)
+  train / val / test   the selector's roots come only from these, so its labels reflect the draft as
+          deployed on prompts it never saw, not as memorised
+
+`encode_prompt` is THE chat-template encoding (decode, trajectories and every stage use it).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ COLUMNS = ("prompt_id", "source", "text")
 BUILTIN_SETS = ("writing", "math", "translation")
 MIXTURES = {"default": ("humaneval", "writing", "math", "translation")}
 KNOWN_SETS = ("humaneval", *BUILTIN_SETS, *MIXTURES)
-SPLITS = ("train", "val", "test")
+SPLITS = ("draft", "train", "val", "test")
+DEFAULT_SPLIT = (0.6, 0.2, 0.1, 0.1)  # fractions of SPLITS
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LOCAL_KEYS = {"path", "text_column", "id_column", "name", "format", "max_prompts"}
 HF_KEYS = {"hf", "config", "split", "revision", "text_column", "id_column", "name", "max_prompts"}
@@ -65,38 +71,54 @@ def known_prompt_sets() -> tuple[str, ...]:
     return KNOWN_SETS
 
 
+def format_prompt(text: str, tokenizer: Any, use_chat_template: bool = True, system_prompt: str | None = None) -> str:
+    """The exact string to tokenize for one prompt.
+
+    With a tokenizer that has a chat template (and use_chat_template), the prompt becomes one user
+    turn (after an optional system turn) followed by the generation prompt. Otherwise the raw
+    text, preceded by `system_prompt` and a blank line when one is given.
+    """
+    if _templated(tokenizer, use_chat_template):
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": text})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{system_prompt}\n\n{text}" if system_prompt else text
+
+
+def encode_prompt(
+    text: str, tokenizer: Any, use_chat_template: bool = True, system_prompt: str | None = None
+) -> list[int]:
+    """Token ids of `format_prompt`'s string. A chat template writes its own special tokens (none are
+    added); raw text gets the tokenizer's usual ones (e.g. BOS). Raises ValueError on zero tokens."""
+    templated = _templated(tokenizer, use_chat_template)
+    formatted = format_prompt(text, tokenizer, use_chat_template, system_prompt)
+    ids = list(tokenizer(formatted, add_special_tokens=not templated)["input_ids"])
+    if not ids:
+        raise ValueError(f"the prompt {text[:40]!r} encodes to zero tokens; give a non-empty prompt")
+    return ids
+
+
 def format_prompts(
     dataset: datasets.Dataset,
     tokenizer: Any,
     use_chat_template: bool = True,
     system_prompt: str | None = None,
 ) -> datasets.Dataset:
-    """Return `dataset` with a `formatted` column: the exact string to tokenize for each prompt.
-
-    With a tokenizer that has a chat template (and use_chat_template), the prompt becomes one user
-    turn (after an optional system turn) followed by the generation prompt. Otherwise the raw
-    text, preceded by `system_prompt` and a blank line when one is given.
-    """
-    template = getattr(tokenizer, "chat_template", None) if use_chat_template else None
-    formatted = []
-    for text in dataset["text"]:
-        if template:
-            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-            messages.append({"role": "user", "content": text})
-            formatted.append(
-                tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            )
-        else:
-            formatted.append(f"{system_prompt}\n\n{text}" if system_prompt else text)
+    """Return `dataset` with a `formatted` column: `format_prompt` of each prompt's text."""
+    formatted = [format_prompt(text, tokenizer, use_chat_template, system_prompt) for text in dataset["text"]]
     if "formatted" in dataset.column_names:
         dataset = dataset.remove_columns("formatted")
     return dataset.add_column("formatted", formatted)
 
 
+def _templated(tokenizer: Any, use_chat_template: bool) -> bool:
+    return bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+
+
 def split_prompts(
-    dataset: datasets.Dataset, fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0
+    dataset: datasets.Dataset, fractions: Sequence[float] = DEFAULT_SPLIT, seed: int = 0
 ) -> dict[str, datasets.Dataset]:
-    """Split `dataset` by prompt into {"train", "val", "test"}: disjoint, covering, deterministic.
+    """Split `dataset` by prompt into {"draft", "train", "val", "test"}: disjoint, covering, deterministic.
 
     Each prompt lands in the split whose fraction interval holds u = hash(seed, prompt_id) in [0, 1),
     so its split never changes when prompts are added. When that leaves a split with a positive
@@ -104,11 +126,14 @@ def split_prompts(
     there from a split holding more than one prompt; rows keep their dataset order within a split.
     """
     if len(fractions) != len(SPLITS) or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise PromptSetError(f"fractions must be 3 non-negative numbers summing to 1, got {tuple(fractions)}")
+        raise PromptSetError(
+            f"fractions must be {len(SPLITS)} non-negative numbers [{', '.join(SPLITS)}] summing to 1, "
+            f"got {tuple(fractions)}"
+        )
     bounds = [sum(fractions[:k]) for k in range(len(SPLITS) + 1)]
     bounds[-1] = 1.0
     ids = dataset["prompt_id"]
-    u = [_unit_hash(seed, pid) for pid in ids]
+    u = [unit_hash(seed, pid) for pid in ids]
     assigned = [_interval_of(x, bounds) for x in u]
     members = {k: [i for i, a in enumerate(assigned) if a == k] for k in range(len(SPLITS))}
     for k in range(len(SPLITS)):
@@ -275,9 +300,9 @@ def _check_unique(ids: list[str], sources: list[str]) -> None:
         seen[pid] = src
 
 
-def _unit_hash(seed: int, prompt_id: str) -> float:
-    """A stable pseudo-random number in [0, 1) from (seed, prompt_id), equal across processes."""
-    digest = hashlib.sha256(f"{seed}\x00{prompt_id}".encode()).digest()
+def unit_hash(seed: int, *key: object) -> float:
+    """A stable pseudo-random number in [0, 1) from (seed, *key), equal across processes and runs."""
+    digest = hashlib.sha256("\x00".join(map(str, (seed, *key))).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 

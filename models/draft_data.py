@@ -1,14 +1,16 @@
-"""Target-generated continuations for draft distillation, and the draft's token acceptance.
+"""Draft distillation data (teacher-forced from stored trajectories) and the draft's token acceptance.
 
 Terms:
-- *continuation*: tokens sampled from the target after a (chat-formatted) prompt, stopping at EOS.
+- *continuation*: tokens the target sampled after a (chat-formatted) prompt, stopping at EOS; sampled once
+  by stage trajectories (`models.sampler`, stored by `data_collection.trajectories`) and only read here.
 - *distillation record*: one continuation position t: the target's hidden state after layer k at t
   ([H], stored float16) and the target's top-K next-token log-probabilities at T = 1 (ids [K] and
-  log-probs [K]). Full-vocabulary rows are never stored.
-- *token acceptance* at temperature T: ``sum_x min(p_T(x), q_T(x))`` where p_T, q_T are the target and draft
-  next-token distributions after the same temperature transform; q_T is 0 outside the draft's
-  vocabulary subset (renormalized over it). It is the probability that standard speculative sampling
-  accepts one drafted token.
+  log-probs [K]). Full-vocabulary rows are never stored. Records come from teacher forcing: one forward
+  of prompt + continuation per sequence, never from sampling again.
+- *token acceptance* at a sampling setting: ``sum_x min(p(x), q(x))`` where p, q are the target and draft
+  next-token distributions after the same sampling transform (`decoding.sampling.transform_logits`); q is
+  0 outside the draft's vocabulary subset (renormalized over it). It is the probability that standard
+  speculative sampling accepts one drafted token.
 """
 
 from __future__ import annotations
@@ -18,130 +20,85 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from decoding.sampling import Sampling, transform_logits
+
 
 @dataclass
 class Continuations:
-    """Prompts and sampled continuations (token id lists), plus distillation records when captured."""
+    """Prompts and their continuations (token id lists), aligned."""
 
     prompts: list[list[int]] = field(default_factory=list)
     continuations: list[list[int]] = field(default_factory=list)
-    hidden: torch.Tensor | None = None  # [N, H] float16, hidden state after layer k
-    top_ids: torch.Tensor | None = None  # [N, K] int64, target's top-K next-token ids (T = 1)
-    top_logp: torch.Tensor | None = None  # [N, K] float32, their log-probabilities
-    record_seq: torch.Tensor | None = None  # [N] int64, index of the continuation each record belongs to
 
-    def state(self) -> dict:
-        return {k: getattr(self, k) for k in ("prompts", "continuations", "hidden", "top_ids", "top_logp",
-                                              "record_seq")}
+
+@dataclass
+class DistillRecords:
+    """Distillation records of a `Continuations`, in sequence order, then position order."""
+
+    hidden: torch.Tensor  # [N, H] float16, hidden state after layer k
+    top_ids: torch.Tensor  # [N, K] int64, target's top-K next-token ids (T = 1)
+    top_logp: torch.Tensor  # [N, K] float32, their log-probabilities
+    record_seq: torch.Tensor  # [N] int64, index of the continuation each record belongs to
 
     @property
     def num_records(self) -> int:
-        return 0 if self.hidden is None else int(self.hidden.shape[0])
-
-
-def eos_ids(tokenizer, target) -> set[int]:
-    """Token ids that end a continuation: the tokenizer's EOS and the target's generation-config EOS."""
-    ids = {tokenizer.eos_token_id}
-    gen = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    ids |= set(gen if isinstance(gen, list) else [gen])
-    return {int(i) for i in ids if i is not None}
+        return int(self.hidden.shape[0])
 
 
 @torch.no_grad()
-def sample_continuations(
+def distillation_records(
     target: nn.Module,
-    tokenizer,
-    texts: list[str],
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    batch_size: int = 16,
-    seed: int = 0,
-    capture_layer: int | None = None,
+    data: Continuations,
+    layer: int,
     top_k: int = 64,
-    max_prompt_tokens: int = 512,
+    batch_size: int = 8,
     progress: str | None = None,
-) -> Continuations:
-    """Sample one continuation per text from ``target`` (KV-cached, left-padded batches).
+) -> DistillRecords:
+    """Teacher forcing: records for every position that predicts a continuation token (the last prompt
+    token through the second-to-last continuation token), ``len(continuation)`` records per sequence.
 
-    With ``capture_layer = k`` also return distillation records for every continuation position
-    (including the last prompt token, which predicts the first continuation token). ``progress``: a
-    label for a progress bar on stderr counting sampled tokens (None: no bar).
+    Sequences of similar length share a right-padded batch (under the causal mask no real position sees
+    the padding, so no attention mask is needed); the LM head runs on the recorded positions only.
     """
     from tqdm.auto import tqdm
-    from transformers import DynamicCache
 
     device = next(target.parameters()).device
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    eos = eos_ids(tokenizer, target)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    encoded = [tokenizer(t, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for t in texts]
-    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
-    out_cont: list[list[int] | None] = [None] * len(texts)
-    records: dict[int, list] = {}
+    head = target.get_output_embeddings()
     captured: list[torch.Tensor] = []
-    hook = None
-    if capture_layer is not None:
-        hook = target.model.layers[capture_layer - 1].register_forward_hook(
-            lambda _m, _i, o: captured.append((o[0] if isinstance(o, tuple) else o)[:, -1].detach())
-        )
-    bar = tqdm(total=len(texts) * max_new_tokens, desc=progress, unit="tok", disable=progress is None,
-               mininterval=2.0)
+    hook = target.model.layers[layer - 1].register_forward_hook(
+        lambda _m, _i, o: captured.append(o[0] if isinstance(o, tuple) else o)
+    )
+    seqs = [i for i, c in enumerate(data.continuations) if c]
+    seqs.sort(key=lambda i: len(data.prompts[i]) + len(data.continuations[i]))
+    parts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            b, width = len(idx), max(len(encoded[i]) for i in idx)
-            ids = torch.full((b, width), pad, dtype=torch.long)
-            mask = torch.zeros((b, width), dtype=torch.long)
+        for start in tqdm(range(0, len(seqs), batch_size), desc=progress, disable=progress is None,
+                          unit="batch", mininterval=2.0):
+            idx = seqs[start : start + batch_size]
+            full = [data.prompts[i] + data.continuations[i] for i in idx]
+            ids = torch.zeros((len(idx), max(map(len, full))), dtype=torch.long)  # [b, L], right-padded
+            for r, seq in enumerate(full):
+                ids[r, : len(seq)] = torch.tensor(seq)
+            captured.clear()
+            final = target.model(input_ids=ids.to(device), use_cache=False).last_hidden_state  # [b, L, H]
+            hidden = captured[-1]  # [b, L, H] after layer k
             for r, i in enumerate(idx):
-                ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
-                mask[r, width - len(encoded[i]) :] = 1
-            ids, mask = ids.to(device), mask.to(device)
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)  # [b, width]
-            cache = DynamicCache()
-            done = torch.zeros(b, dtype=torch.bool)
-            conts: list[list[int]] = [[] for _ in range(b)]
-            step_in, step_pos = ids, pos
-            for _ in range(max_new_tokens):
-                captured.clear()
-                logits = target(input_ids=step_in, attention_mask=mask, position_ids=step_pos, cache=cache,
-                                use_cache=True, logits_to_keep=1).logits[:, -1].float().cpu()  # [b, V]
-                if capture_layer is not None:
-                    logp = torch.log_softmax(logits, -1)
-                    top_lp, top_id = logp.topk(top_k, dim=-1)  # [b, K]
-                    hid = captured[-1].to(torch.float16).cpu()  # [b, H]
-                    for r in range(b):
-                        if not done[r]:
-                            records.setdefault(idx[r], []).append((hid[r], top_id[r], top_lp[r]))
-                if temperature == 0:
-                    nxt = logits.argmax(-1)
-                else:
-                    nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
-                bar.update(int((~done).sum()))
-                for r in range(b):
-                    if not done[r]:
-                        conts[r].append(int(nxt[r]))
-                        done[r] = int(nxt[r]) in eos
-                if bool(done.all()):
-                    break
-                step_in = nxt.to(device)[:, None]
-                step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
-            for r, i in enumerate(idx):
-                out_cont[i] = conts[r]
-            bar.total -= sum(max_new_tokens - len(c) for c in conts)  # rows that stopped early at EOS
-            bar.refresh()
+                lp, lc = len(data.prompts[i]), len(data.continuations[i])
+                span = slice(lp - 1, lp + lc - 1)
+                logp = torch.log_softmax(head(final[r, span]).float(), -1)  # [lc, V]
+                top_lp, top_id = logp.topk(top_k, dim=-1)  # [lc, K]
+                parts[i] = (hidden[r, span].to(torch.float16).cpu(), top_id.cpu(), top_lp.cpu())
     finally:
-        bar.close()
-        if hook is not None:
-            hook.remove()
-    result = Continuations(prompts=encoded, continuations=[c or [] for c in out_cont])
-    if capture_layer is not None:
-        rows = [(i, rec) for i in range(len(texts)) for rec in records.get(i, [])]
-        result.hidden = torch.stack([r[1][0] for r in rows])
-        result.top_ids = torch.stack([r[1][1] for r in rows]).long()
-        result.top_logp = torch.stack([r[1][2] for r in rows])
-        result.record_seq = torch.tensor([r[0] for r in rows], dtype=torch.long)
-    return result
+        hook.remove()
+    order = sorted(parts)
+    if not order:
+        raise ValueError("no continuation has a token: nothing to distill from")
+    return DistillRecords(
+        hidden=torch.cat([parts[i][0] for i in order]),
+        top_ids=torch.cat([parts[i][1] for i in order]).long(),
+        top_logp=torch.cat([parts[i][2] for i in order]),
+        record_seq=torch.cat([torch.full((parts[i][0].shape[0],), i, dtype=torch.long) for i in order]),
+    )
 
 
 @dataclass
@@ -155,9 +112,10 @@ class PositionStats:
 
 @torch.no_grad()
 def position_stats(
-    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float]
+    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float], top_p: float = 1.0
 ) -> dict[float, PositionStats]:
-    """For each T: token acceptance and target entropy at every position that predicts a continuation token.
+    """For each T: token acceptance and target entropy at every position that predicts a continuation token,
+    with p and q after the sampling transform (T, then ``top_p``; T = 0 is greedy: one-hot rows).
 
     Both models see the whole sequence (prompt + continuation) in one forward; the draft through its
     ordinary call (`forward`), so an int8 / vocabulary-subset draft is measured as it decodes.
@@ -176,18 +134,18 @@ def position_stats(
         q_logits = draft(input_ids=ids, use_cache=False).logits[0, span].float()  # [Lc, V], -inf outside S
         vocab = min(p_logits.shape[-1], q_logits.shape[-1])
         for t in temperatures:
-            logp = torch.log_softmax(p_logits[:, :vocab] / t, -1)
-            p, q = logp.exp(), torch.softmax(q_logits[:, :vocab] / t, -1)
+            sampling = Sampling(t, top_p)
+            p, q = transform_logits(p_logits, sampling, vocab), transform_logits(q_logits, sampling, vocab)
             out[t].acceptance.append(torch.minimum(p, q).sum(-1).cpu())  # [Lc]
-            out[t].target_entropy.append(-(p * logp.clamp_min(-1e4)).sum(-1).cpu())  # [Lc]
+            out[t].target_entropy.append(torch.special.entr(p).sum(-1).cpu())  # [Lc], nats
     return out
 
 
 def acceptance_per_position(
-    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float]
+    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float], top_p: float = 1.0
 ) -> dict[float, list[torch.Tensor]]:
     """For each T, one tensor per continuation: `position_stats`' acceptance only."""
-    return {t: s.acceptance for t, s in position_stats(target, draft, data, temperatures).items()}
+    return {t: s.acceptance for t, s in position_stats(target, draft, data, temperatures, top_p).items()}
 
 
 ENTROPY_BUCKETS = (0.0, 0.5, 1.5, 3.0)  # nats: lower edges of the target-entropy buckets of `breakdown`
@@ -226,26 +184,3 @@ def chain_block_efficiency(acceptance: list[torch.Tensor], draft_len: int) -> fl
     return sum(values) / max(len(values), 1)
 
 
-def cached_continuations(cache_dir, target, tokenizer, texts: list[str], **kwargs) -> Continuations:
-    """`sample_continuations` memoized on disk under ``cache_dir`` by a hash of its inputs and the target."""
-    import hashlib
-    import json
-    import os
-    from pathlib import Path
-
-    from models.self_draft import target_fingerprint
-
-    # batch_size changes which valid sample is drawn, not what is sampled; progress changes nothing:
-    # neither is part of the key
-    keyed = {k: v for k, v in kwargs.items() if k not in ("batch_size", "progress")}
-    key_src = json.dumps({"texts": texts, "kwargs": keyed, "target": target_fingerprint(target)}, sort_keys=True)
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    path = Path(cache_dir) / f"continuations-{key}.pt"
-    if path.is_file():
-        return Continuations(**torch.load(path, weights_only=True))
-    data = sample_continuations(target, tokenizer, texts, **kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(data.state(), tmp)
-    os.replace(tmp, path)
-    return data

@@ -1,9 +1,10 @@
 """Distilling the self-draft (models/self_draft.py) from its target with Lightning.
 
-Data: distillation records (models/draft_data.py) from target-generated continuations of TRAIN prompts:
+Data: distillation records (models/draft_data.py) from target-sampled trajectories of the DRAFT prompts:
 the target's hidden state after layer k and its top-K next-token log-probabilities at T = 1. The shared
-layers are frozen, so their output is computed once during generation and training only runs the
-adapter, the final norm and the subset head: thousands of steps fit in minutes on a CPU.
+layers are frozen, so their output is computed once (one teacher-forced forward per trajectory) and
+training only runs the adapter, the final norm and the subset head: thousands of steps fit in minutes
+on a CPU.
 
 Loss per position, with p the target's top-K probabilities and q the draft's distribution over its
 vocabulary subset S (ids of the top-K outside S are skipped: q is 0 there, nothing can be learned):
@@ -26,15 +27,18 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 from models.self_draft import SelfDraft
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistillHParams:
-    lr: float = 2e-3  # peak AdamW learning rate
-    weight_decay: float = 0.0
-    warmup_steps: int = 100  # linear warmup, then cosine decay to `min_lr_ratio * lr`
-    max_steps: int = 3000
-    min_lr_ratio: float = 0.05
-    tv_weight: float = 1.0  # weight of the (1 - acceptance) term next to the KL
-    negatives: int = 1024  # sampled-softmax negatives per training step (0 = exact softmax over S)
+    """The optimisation knobs. No defaults: stage train_draft builds this view from its config
+    (``pipeline/config.py`` TrainDraftConfig, same field names, the one place defaults live)."""
+
+    lr: float  # peak AdamW learning rate
+    weight_decay: float
+    warmup_steps: int  # linear warmup, then cosine decay to `min_lr_ratio * lr`
+    steps: int  # optimizer steps in all
+    min_lr_ratio: float
+    tv_weight: float  # weight of the (1 - acceptance) term next to the KL
+    negatives: int  # sampled-softmax negatives per training step (0 = exact softmax over S)
 
 
 def rank_vocabulary(top_ids: torch.Tensor, top_logp: torch.Tensor, vocab_size: int, size: int,
@@ -153,7 +157,7 @@ class DraftDistillation(pl.LightningModule):
         def factor(step: int) -> float:
             if step < hp.warmup_steps:
                 return (step + 1) / hp.warmup_steps
-            t = min(1.0, (step - hp.warmup_steps) / max(1, hp.max_steps - hp.warmup_steps))
+            t = min(1.0, (step - hp.warmup_steps) / max(1, hp.steps - hp.warmup_steps))
             return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
@@ -166,14 +170,14 @@ def fit_draft(draft: SelfDraft, data: DistillDataModule, hparams: DistillHParams
     pl.seed_everything(seed, workers=True, verbose=False)
     module = DraftDistillation(draft, hparams)
     trainer = pl.Trainer(
-        max_steps=hparams.max_steps,
+        max_steps=hparams.steps,
         accelerator="gpu" if draft.device.type == "cuda" else "cpu",
         devices=1,
         logger=logger if logger is not None else False,
         enable_checkpointing=False,
         enable_progress_bar=progress,
         enable_model_summary=False,
-        val_check_interval=min(val_every, hparams.max_steps),  # in optimizer steps (across epochs)
+        val_check_interval=min(val_every, hparams.steps),  # in optimizer steps (across epochs)
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         log_every_n_steps=50,

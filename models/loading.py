@@ -195,6 +195,14 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     return model.to(device).eval()
 
 
+def eos_ids(tokenizer, model) -> list[int]:
+    """Token ids that end a generation: the tokenizer's EOS and the model's generation-config EOS (sorted)."""
+    ids = {getattr(tokenizer, "eos_token_id", None)}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen if isinstance(gen, (list, tuple)) else [gen])
+    return sorted(int(i) for i in ids if i is not None)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__

@@ -49,10 +49,13 @@ class SelfDraftError(UserInputError):
 
 @dataclass
 class SelfDraftConfig:
-    layers: int = 6  # k: target layers the draft reuses
-    adapter_width: int = 1024  # hidden width of the residual MLP adapter
-    vocab_subset_size: int = 16384  # N: tokens the draft head scores (FR-Spec); 0 = whole vocabulary
-    int8: bool = True  # run the draft path (shared layers, adapter, head) with int8 dynamic-quantized weights
+    """The draft's shape. No defaults for the trained knobs: stage train_draft builds it from its config
+    (``pipeline/config.py`` TrainDraftConfig, the one place defaults live); the artifact stores it."""
+
+    layers: int  # k: target layers the draft reuses
+    adapter_width: int  # hidden width of the residual MLP adapter
+    vocab_subset_size: int  # N: tokens the draft head scores (FR-Spec); 0 = whole vocabulary
+    int8: bool  # run the draft path (shared layers, adapter, head) with int8 dynamic-quantized weights
     hidden_size: int = 0  # filled from the target
     vocab_size: int = 0  # the target's output vocabulary (rows of its LM head)
     target_fingerprint: dict | None = None  # see `target_fingerprint`
@@ -81,16 +84,23 @@ def target_fingerprint(target: nn.Module) -> dict:
     }
 
 
-def check_fingerprint(stored: dict | None, target: nn.Module, where: str) -> None:
-    """Raise `SelfDraftError` unless ``stored`` matches ``target`` (architecture exactly, weights to 2%)."""
-    if stored is None:
-        raise SelfDraftError(f"{where}: the artifact has no target fingerprint; retrain it (branchpoint train-draft)")
+def fingerprint_difference(stored: dict, target: nn.Module) -> str | None:
+    """None when ``stored`` matches ``target`` (architecture exactly, weights to 2%), else what differs."""
     now = target_fingerprint(target)
     arch = [k for k in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size") if stored.get(k) != now[k]]
     a, b = torch.tensor(stored.get("weight_stats", [])), torch.tensor(now["weight_stats"])
     weights_differ = a.shape != b.shape or bool(((a - b).abs() > 0.02 * b.abs().clamp_min(1e-3)).any())
     if arch or weights_differ:
-        what = ", ".join(f"{k} {stored.get(k)} vs {now[k]}" for k in arch) or "weights differ"
+        return ", ".join(f"{k} {stored.get(k)} vs {now[k]}" for k in arch) or "weights differ"
+    return None
+
+
+def check_fingerprint(stored: dict | None, target: nn.Module, where: str) -> None:
+    """Raise `SelfDraftError` unless ``stored`` matches ``target`` (see `fingerprint_difference`)."""
+    if stored is None:
+        raise SelfDraftError(f"{where}: the artifact has no target fingerprint; retrain it (branchpoint train-draft)")
+    what = fingerprint_difference(stored, target)
+    if what is not None:
         raise SelfDraftError(
             f"{where} was trained for a different target ({what}); retrain it for this target with "
             "`branchpoint train-draft` (or `dvc repro train_draft`)"

@@ -164,7 +164,7 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
     from data_collection.dataset import DatasetError, ShardWriter
     from data_collection.trajectories import load_trajectories
     from decoding.sampling import Sampling
-    from models.draft_data import eos_ids
+    from models.loading import eos_ids
 
     c, space = cfg.collect, cfg.actions.space()
     trajs = load_trajectories(cfg.trajectories.out, splits=c.splits)

@@ -49,15 +49,22 @@ class PromptsConfig:
     # HF datasets given as {path|hf, text_column, ...} mappings; see data_collection/prompts.py.
     sets: list[Any] = field(default_factory=lambda: ["default"])
     max_prompts: int | None = None  # cap per source (None = all)
-    split: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])  # train/val/test, by prompt
+    # by prompt: [draft, train, val, test]; the draft trains on `draft` only, the selector's roots come
+    # from train/val/test (data_collection/prompts.py split_prompts)
+    split: list[float] = field(default_factory=lambda: [0.6, 0.2, 0.1, 0.1])
     seed: int = 0  # seed of the by-prompt split
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
 
     def validate(self) -> None:
         if not self.sets:
             raise ValueError("sets must name at least one prompt set")
-        if len(self.split) != 3 or any(f < 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-6:
-            raise ValueError(f"split must be three non-negative fractions summing to 1, not {self.split}")
+        if len(self.split) != 4:
+            raise ValueError(
+                f"split now has four parts [draft, train, val, test] (the draft trains on its own prompts), "
+                f"got {len(self.split)} values {self.split}; e.g. split: [0.6, 0.2, 0.1, 0.1]"
+            )
+        if any(f < 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-6:
+            raise ValueError(f"split must be four non-negative fractions summing to 1, not {self.split}")
 
 
 @dataclass
@@ -89,29 +96,62 @@ class DecodeConfig:
 
 
 @dataclass
+class TrajectoriesConfig:
+    """Target-sampled continuations of every prompt (stage trajectories), sampled once, read by later stages."""
+
+    out: str = "data/trajectories"  # folder: trajectories.parquet + manifest.json
+    max_new_tokens: int = 96  # continuation length cap (a continuation also ends at EOS)
+    # the sampling grid (temperature, then top-p; temperature 0 = greedy) of the train/val/test prompts;
+    # draft prompts are always sampled at T = 1, top-p 1 (what distillation needs)
+    temperatures: list[float] = field(default_factory=lambda: [1.0, 0.6])
+    top_ps: list[float] = field(default_factory=lambda: [1.0])
+    # False: each train/val/test prompt gets ONE grid setting, picked by a seeded hash of its id (fits the
+    # 2-core budget); True: every setting (the GPU preset)
+    all_settings: bool = False
+    samples_per_prompt: int = 1  # trajectories per (prompt, setting), each with its own seed
+    max_prompt_tokens: int = 512  # longer prompts keep their last tokens
+    batch_size: int = 32  # rows sampled together (one setting, similar prompt lengths)
+    seed: int = 0
+    threads: int = 2  # torch CPU threads
+
+    def validate(self) -> None:
+        from decoding.sampling import Sampling
+
+        if self.max_new_tokens < 1 or self.samples_per_prompt < 1 or self.batch_size < 1:
+            raise ValueError("max_new_tokens, samples_per_prompt and batch_size must be >= 1")
+        if not self.temperatures or not self.top_ps:
+            raise ValueError("temperatures and top_ps must each hold at least one value")
+        for t in self.temperatures:
+            for p in self.top_ps:
+                Sampling(t, p)  # the one place sampling settings are checked
+
+
+@dataclass
 class TrainDraftConfig:
-    """Self-speculative draft training (stage train_draft); fields owned by models/draft_training.py."""
+    """Self-speculative draft training (stage train_draft): the one place its defaults live.
+
+    models/self_draft.py SelfDraftConfig and models/draft_training.py DistillHParams have no defaults;
+    pipeline/train_draft.py builds them from these fields (same names).
+    """
 
     layers: int = 6  # target layers the draft reuses (k)
     adapter_width: int = 2048  # hidden width of the residual MLP adapter on layer k's hidden state
     vocab_subset_size: int = 16384  # FR-Spec draft vocabulary (0 = whole vocabulary); q = 0 outside it
     int8: bool = True  # int8 dynamic-quantized weights on the draft path (CPU)
-    # distillation data: target-sampled continuations of the TRAIN prompts (cached in model.cache_dir)
-    max_new_tokens: int = 128  # continuation length per prompt
-    samples_per_prompt: int = 1  # continuations per train prompt (different seeds)
-    gen_temperature: float = 1.0  # sampling temperature of the continuations
-    gen_batch_size: int = 32
+    # distillation data: teacher forcing the DRAFT split's trajectories (stage trajectories)
     top_k: int = 64  # target probabilities kept per position (never full-vocabulary rows)
+    forward_batch_size: int = 8  # sequences per teacher-forced forward
     # optimisation (Lightning, AdamW, linear warmup then cosine decay)
     steps: int = 1000
     batch_size: int = 256  # positions per step
     lr: float = 2.0e-3
+    weight_decay: float = 0.0
     warmup_steps: int = 100
+    min_lr_ratio: float = 0.05  # the cosine decays to min_lr_ratio * lr
     tv_weight: float = 3.0  # loss = KL(p||q) + tv_weight * (1 - sum min(p, q)), over the top-k
-    val_every: int = 500  # steps between validations on VAL prompts' records
-    # evaluation on TEST prompts: continuations sampled at each temperature, acceptance of q vs p
-    eval_temperatures: list[float] = field(default_factory=lambda: [1.0, 0.6])
-    eval_max_new_tokens: int = 96
+    negatives: int = 1024  # sampled-softmax negatives per step (0 = exact softmax over the subset)
+    val_every: int = 500  # steps between validations on the VAL split's trajectories
+    # evaluation on the TEST split's trajectories (at their own sampling settings): acceptance of q vs p
     timing_context: int = 256  # context length of the step-time measurement
     timing_reps: int = 30
     seed: int = 0
@@ -289,6 +329,7 @@ SECTIONS: dict[str, type] = {
     "prompts": PromptsConfig,
     "sampling": SamplingConfig,
     "decode": DecodeConfig,
+    "trajectories": TrajectoriesConfig,
     "train_draft": TrainDraftConfig,
     "actions": ActionsConfig,
     "collect": CollectConfig,
@@ -305,6 +346,7 @@ class Config:
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    trajectories: TrajectoriesConfig = field(default_factory=TrajectoriesConfig)
     train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)

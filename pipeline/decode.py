@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help="default: sampling.top_p")
     parser.add_argument("--seed", type=int, help="default: decode.seed")
     parser.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
+    parser.add_argument("--selector", metavar="FOLDER",
+                        help="choose the action (and, for method auto, the method) of every step with an exported "
+                             "selector (e.g. artifacts/selector, written by `branchpoint export`)")
+    parser.add_argument("--latency", metavar="FILE",
+                        help="with --selector: price actions with this latency profile (`branchpoint profile` on "
+                             "this machine) instead of the one the selector was trained with")
     parser.add_argument("--json", metavar="FILE", help="also write the tokens, text and statistics to FILE")
 
 
@@ -28,43 +34,27 @@ def _pick(flag, default):
     return default if flag is None else flag
 
 
-def encode_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:
-    """Token ids of ``text``, wrapped in the chat template when asked for and available."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
-    else:
-        ids = tokenizer(text)["input_ids"]
-    if not ids:
-        raise ValueError("the prompt encodes to zero tokens; give a non-empty --prompt")
-    return list(ids)
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    """EOS ids of the tokenizer and of the target's generation config."""
-    out = set()
-    if tokenizer.eos_token_id is not None:
-        out.add(int(tokenizer.eos_token_id))
-    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen is not None:
-        out.update(int(t) for t in (gen if isinstance(gen, (list, tuple)) else [gen]))
-    return sorted(out)
-
-
 def run(cfg, args) -> int:
     import torch
 
+    from data_collection.prompts import encode_prompt
     from decoding.actions import parse_action
     from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
     from decoding.sampling import Sampling
     from decoding.verifiers import get_method
-    from models.loading import load_pair
+    from models.loading import eos_ids, load_pair
 
     method = _pick(args.method, cfg.decode.method)
     if method != AUTOREGRESSIVE:
         get_method(method)  # unknown names fail before any model is loaded
     action = parse_action(_pick(args.action, cfg.decode.action))
+    policy = action
+    if args.selector:
+        from export.runtime import SelectorRuntime
+
+        policy = SelectorRuntime(args.selector, latency=args.latency)
+        if method == AUTOREGRESSIVE:
+            method = policy.methods[0]
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))
     max_new = _pick(args.max_new_tokens, cfg.decode.max_new_tokens)
     seed = _pick(args.seed, cfg.decode.seed)
@@ -75,16 +65,16 @@ def run(cfg, args) -> int:
     draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
     pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
     load_s = time.perf_counter() - start
-    ids = encode_prompt(pair.tokenizer, prompt, cfg.decode.chat_template and not args.no_chat_template)
+    ids = encode_prompt(prompt, pair.tokenizer, cfg.decode.chat_template and not args.no_chat_template)
     decoder = SpeculativeDecoder(pair.target, None if method == AUTOREGRESSIVE else pair.draft, pair.vocab_size,
                                  eos_ids(pair.tokenizer, pair.target))
-    result = decoder.generate(ids, max_new, method, action, sampling, seed)
+    result = decoder.generate(ids, max_new, method, policy, sampling, seed)
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
 
     print(f"pair: target {pair.target_spec}, draft {draft_spec if method != AUTOREGRESSIVE else '-'}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
           f"(loaded in {load_s:.1f} s)")
-    shape = "" if method == AUTOREGRESSIVE else f", action {action}"
+    shape = "" if method == AUTOREGRESSIVE else f", action {action}" if policy is action else f", {policy}"
     print(f"prompt: {len(ids)} tokens; sampling T={sampling.temperature}, top_p={sampling.top_p}, seed {seed}{shape}")
     print("-" * 72)
     print(text)
@@ -93,7 +83,7 @@ def run(cfg, args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
-                       "action": str(action), "sampling": {"temperature": sampling.temperature,
+                       "action": str(action) if policy is action else str(policy), "sampling": {"temperature": sampling.temperature,
                                                            "top_p": sampling.top_p},
                        "stats": result.stats.to_dict()}, f, indent=2)
     return 0

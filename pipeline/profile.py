@@ -62,14 +62,14 @@ def run(cfg, args) -> int:
 
     from data_collection.profile import profile_pair, tile_ids
     from decoding.sampling import Sampling
-    from pipeline.decode import encode_prompt
+    from data_collection.prompts import encode_prompt
 
     p = cfg.profile
     torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
     target, draft, vocab, tokenizer, draft_source = load_profiled_pair(cfg)
     load_s = time.perf_counter() - start
-    ids = tile_ids(encode_prompt(tokenizer, cfg.decode.prompt, cfg.decode.chat_template), max(p.contexts))
+    ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), max(p.contexts))
     meta = {"target": cfg.model.target, "draft": cfg.model.draft, "draft_timed": draft_source,
             "dtype": cfg.model.dtype,
             "settings": {"threads_requested": cfg.model.threads, "context_tokens": "decode.prompt, tiled"}}

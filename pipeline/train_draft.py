@@ -1,14 +1,19 @@
 """``branchpoint train-draft``: stage train_draft, the self-speculative draft of the target.
 
-Reads: params ``model.*``, ``prompts.*``, ``train_draft.*``. Writes: the artifact folder
-``train_draft.out`` (adapter.safetensors + config.json; loaded as the draft spec ``self_draft:<out>``)
-and ``train_draft.metrics`` (metrics/draft.json). Steps:
+Reads: params ``model.*``, ``trajectories.out``, ``train_draft.*`` and the trajectories folder (stage
+trajectories). Writes: the artifact folder ``train_draft.out`` (adapter.safetensors + config.json; loaded
+as the draft spec ``self_draft:<out>``) and ``train_draft.metrics`` (metrics/draft.json). Steps:
 
-1. sample target continuations of the TRAIN prompts (and VAL prompts, for validation) with the
-   distillation records (cached under ``model.cache_dir``/draft_data, keyed by their inputs);
+1. teacher force the stored trajectories (one forward per batch of sequences; nothing is sampled here):
+   distillation records of the DRAFT split (training) and of the VAL split (validation). Validation uses
+   the selector's VAL prompts rather than a held-out slice of the draft prompts: it only monitors
+   (no checkpoint selection, no early stopping), so nothing of VAL leaks into the draft; it measures the
+   draft on prompts it never trained on, as the selector's roots will see it; and it costs no extra
+   sampling and keeps every draft prompt for training;
 2. rank the vocabulary subset, then distill the adapter with Lightning, logging to MLflow;
 3. save the artifact, reload it through `load_self_draft` (the path the decoder uses) and evaluate it on
-   the TEST prompts: token acceptance at each ``eval_temperatures`` and the draft/target step time.
+   the TEST split's trajectories: token acceptance at each trajectory's own sampling setting, and the
+   draft/target step time.
 
 ``--evaluate-only`` runs step 3 on the existing artifact (anyone can re-measure the metrics).
 """
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import fields
 from pathlib import Path
 
 
@@ -28,42 +34,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
 
 
-def _splits(cfg, tokenizer) -> dict:
-    """The train/val/test prompt Datasets, with the chat-formatted text in column ``formatted``."""
-    from data_collection.prompts import format_prompts, load_prompt_set, split_prompts
+def distill_hparams(td):
+    """`DistillHParams` viewed from the stage config (same field names; the config holds the defaults)."""
+    from models.draft_training import DistillHParams
 
-    prompts = load_prompt_set(cfg.prompts.sets, max_prompts=cfg.prompts.max_prompts)
-    splits = split_prompts(prompts, tuple(cfg.prompts.split), seed=cfg.prompts.seed)
-    return {name: format_prompts(ds, tokenizer, use_chat_template=cfg.prompts.chat_template)
-            for name, ds in splits.items()}
+    return DistillHParams(**{f.name: getattr(td, f.name) for f in fields(DistillHParams)})
 
 
-def _formatted(splits: dict) -> dict[str, list[str]]:
-    return {name: list(ds["formatted"]) for name, ds in splits.items()}
+def self_draft_config(td, vocab_subset_size: int, fingerprint: dict):
+    """`SelfDraftConfig` from the stage config, with the subset size actually ranked and the target's fingerprint."""
+    from models.self_draft import SelfDraftConfig
+
+    return SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width, vocab_subset_size=vocab_subset_size,
+                           int8=td.int8, target_fingerprint=fingerprint)
 
 
-def _texts(cfg, tokenizer) -> dict[str, list[str]]:
-    """The chat-formatted prompt texts of each split."""
-    return _formatted(_splits(cfg, tokenizer))
+def load_split_trajectories(cfg, target) -> dict[str, list]:
+    """The stored trajectories by split, checked to come from ``target``."""
+    from data_collection.trajectories import check_target, load_trajectories, read_manifest
+    from models.self_draft import fingerprint_difference
+
+    folder = cfg.trajectories.out
+    manifest = read_manifest(folder)
+    check_target(manifest, fingerprint_difference(manifest.get("target_fingerprint") or {}, target), folder)
+    by_split: dict[str, list] = {"draft": [], "train": [], "val": [], "test": []}
+    for t in load_trajectories(folder):
+        by_split[t.split].append(t)
+    return by_split
 
 
-def _records(cfg, target, tokenizer, texts: list[str], seed: int, split: str):
-    """Distillation records of ``texts``, ``samples_per_prompt`` continuations each, concatenated."""
-    import torch
+def _continuations(trajectories):
+    from models.draft_data import Continuations
 
-    from models.draft_data import cached_continuations
+    return Continuations(prompts=[t.prompt_ids for t in trajectories],
+                         continuations=[t.continuation_ids for t in trajectories])
+
+
+def _records(cfg, target, trajectories, split: str):
+    """Distillation records of ``trajectories`` (teacher-forced) as (hidden, top_ids, top_logp)."""
+    from models.draft_data import distillation_records
 
     td = cfg.train_draft
-    parts = [
-        cached_continuations(
-            Path(cfg.model.cache_dir) / "draft_data", target, tokenizer, texts,
-            max_new_tokens=td.max_new_tokens, temperature=td.gen_temperature, batch_size=td.gen_batch_size,
-            seed=seed + i, capture_layer=td.layers, top_k=td.top_k,
-            progress=f"sampling {split.upper()} continuations {i + 1}/{td.samples_per_prompt}",
-        )
-        for i in range(td.samples_per_prompt)
-    ]
-    return [torch.cat([getattr(p, name) for p in parts]) for name in ("hidden", "top_ids", "top_logp")]
+    if not trajectories:
+        raise ValueError(f"the trajectories in {cfg.trajectories.out} hold no {split.upper()} prompts; "
+                         "give that split a positive fraction in prompts.split and rerun `branchpoint trajectories`")
+    rec = distillation_records(target, _continuations(trajectories), td.layers, td.top_k, td.forward_batch_size,
+                               progress=f"teacher forcing {split.upper()} trajectories")
+    return rec.hidden, rec.top_ids, rec.top_logp
 
 
 def _logger(td, run_name: str):
@@ -72,44 +89,36 @@ def _logger(td, run_name: str):
     return MLFlowLogger(experiment_name=td.experiment, tracking_uri=td.tracking_uri, run_name=run_name)
 
 
-def train(cfg, target, tokenizer, texts, progress: bool = False) -> dict:
+def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool = False) -> dict:
     """Steps 1-2 and the artifact; returns training facts for the metrics file."""
-    from models.draft_data import eos_ids
-    from models.draft_training import (
-        DistillDataModule,
-        DistillHParams,
-        RecordDataset,
-        fit_draft,
-        rank_vocabulary,
-    )
-    from models.self_draft import SelfDraft, SelfDraftConfig, save_self_draft, target_fingerprint
+    from models.draft_training import DistillDataModule, RecordDataset, fit_draft, rank_vocabulary
+    from models.loading import eos_ids
+    from models.self_draft import SelfDraft, save_self_draft, target_fingerprint
 
     td = cfg.train_draft
     start = time.perf_counter()
-    train_rec = _records(cfg, target, tokenizer, texts["train"], td.seed, "train")
-    val_rec = _records(cfg, target, tokenizer, texts["val"], td.seed + 1, "val")
-    gen_seconds = time.perf_counter() - start
+    train_rec = _records(cfg, target, trajectories["draft"], "draft")
+    val_rec = _records(cfg, target, trajectories["val"], "val")
+    records_seconds = time.perf_counter() - start
     vocab = target.get_output_embeddings().weight.shape[0]
     subset = rank_vocabulary(train_rec[1], train_rec[2], vocab, td.vocab_subset_size,
-                             always=sorted(eos_ids(tokenizer, target)))
-    config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
-                             vocab_subset_size=int(subset.numel()), int8=td.int8,
-                             target_fingerprint=target_fingerprint(target))
-    draft = SelfDraft(target, config, vocab_subset=subset)
-    hparams = DistillHParams(lr=td.lr, warmup_steps=td.warmup_steps, max_steps=td.steps, tv_weight=td.tv_weight)
+                             always=eos_ids(tokenizer, target))
+    draft = SelfDraft(target, self_draft_config(td, int(subset.numel()), target_fingerprint(target)),
+                      vocab_subset=subset)
     logger = _logger(td, "train_draft")
     logger.log_hyperparams({  # the one explicit hyperparameter log
         **{f"train_draft.{k}": v for k, v in vars(td).items()},
-        "model.target": cfg.model.target, "prompts.sets": json.dumps(cfg.prompts.sets),
-        "prompts.split": json.dumps(cfg.prompts.split), "prompts.seed": cfg.prompts.seed,
+        "model.target": cfg.model.target, "trajectories.out": cfg.trajectories.out,
+        "draft_prompts": len({t.prompt_id for t in trajectories["draft"]}),
         "train_records": int(train_rec[0].shape[0]), "val_records": int(val_rec[0].shape[0]),
     })
     data = DistillDataModule(RecordDataset(*train_rec), RecordDataset(*val_rec), td.batch_size, td.seed)
     start = time.perf_counter()
-    fit_draft(draft, data, hparams, logger=logger, val_every=td.val_every, seed=td.seed, progress=progress)
+    fit_draft(draft, data, distill_hparams(td), logger=logger, val_every=td.val_every, seed=td.seed,
+              progress=progress)
     train_seconds = time.perf_counter() - start
     coverage = _subset_coverage(subset, *val_rec[1:])
-    facts = {"train_seconds": train_seconds, "generation_seconds": gen_seconds,
+    facts = {"train_seconds": train_seconds, "records_seconds": records_seconds,
              "train_records": int(train_rec[0].shape[0]), "val_records": int(val_rec[0].shape[0]),
              "vocab_subset_size": int(subset.numel()), "vocab_subset_val_mass": coverage,
              "mlflow_run_id": logger.run_id}
@@ -125,33 +134,38 @@ def _subset_coverage(subset, top_ids, top_logp) -> float:
     return float((top_logp.exp() * inside).sum(1).mean())
 
 
-def evaluate(cfg, target, tokenizer, texts, sources: list[str]) -> dict:
-    """Step 3: acceptance on TEST prompts at each temperature (overall, by prompt source and by target
-    entropy), step-time ratio, expected chain efficiency."""
+def setting_suffix(temperature: float, top_p: float) -> str:
+    """Metric-name suffix of a sampling setting: ``T1.0``, or ``T0.6_top_p0.9`` when top-p truncates."""
+    return f"T{temperature}" + ("" if top_p == 1.0 else f"_top_p{top_p}")
+
+
+def evaluate(cfg, target, test: list) -> dict:
+    """Step 3: acceptance on the TEST trajectories at each of their sampling settings (overall, by prompt
+    source and by target entropy), step-time ratio, expected chain efficiency."""
     import torch
 
     from data_collection.profile import step_times, tile_ids
-    from models.draft_data import breakdown, cached_continuations, chain_block_efficiency, position_stats
+    from models.draft_data import breakdown, chain_block_efficiency, position_stats
     from models.loading import common_vocab_size
     from models.self_draft import load_self_draft
 
     td = cfg.train_draft
+    if not test:
+        raise ValueError(f"the trajectories in {cfg.trajectories.out} hold no TEST prompts; give that split a "
+                         "positive fraction in prompts.split and rerun `branchpoint trajectories`")
     draft = load_self_draft(target, td.out)
-    metrics: dict = {"test_prompts": len(texts["test"])}
-    for t in td.eval_temperatures:
-        data = cached_continuations(Path(cfg.model.cache_dir) / "draft_data", target, tokenizer, texts["test"],
-                                    max_new_tokens=td.eval_max_new_tokens, temperature=t,
-                                    batch_size=td.gen_batch_size, seed=td.seed + 2,
-                                    progress=f"sampling TEST continuations (T={t})")
-        stats = position_stats(target, draft, data, [t])[t]
-        acc = stats.acceptance
+    metrics: dict = {"test_prompts": len({t.prompt_id for t in test})}
+    for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
+        group = [t for t in test if t.setting == (temperature, top_p)]
+        stats = position_stats(target, draft, _continuations(group), [temperature], top_p)[temperature]
+        acc, name = stats.acceptance, setting_suffix(temperature, top_p)
         flat = torch.cat(acc)
-        metrics[f"acceptance_test_T{t}"] = float(flat.mean())
-        metrics[f"test_positions_T{t}"] = int(flat.numel())
-        metrics[f"breakdown_test_T{t}"] = breakdown(stats, sources)
+        metrics[f"acceptance_test_{name}"] = float(flat.mean())
+        metrics[f"test_positions_{name}"] = int(flat.numel())
+        metrics[f"breakdown_test_{name}"] = breakdown(stats, [t.source for t in group])
         for n in (2, 4, 6):
-            metrics[f"expected_chain_block_efficiency_L{n}_T{t}"] = chain_block_efficiency(acc, n)
-    ids = tokenizer(texts["test"][0], add_special_tokens=False)["input_ids"]
+            metrics[f"expected_chain_block_efficiency_L{n}_{name}"] = chain_block_efficiency(acc, n)
+    ids = test[0].prompt_ids
     metrics.update(step_times(target, draft, tile_ids(ids, td.timing_context),
                               common_vocab_size(target, draft, tokenizer), reps=td.timing_reps))
     return metrics
@@ -185,8 +199,7 @@ def run(cfg, args) -> int:
     target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir)
     for p in target.parameters():
         p.requires_grad_(False)
-    splits = _splits(cfg, tokenizer)
-    texts = _formatted(splits)
+    trajectories = load_split_trajectories(cfg, target)
     facts = {}
     metrics_path = Path(td.metrics)
     if args.evaluate_only:
@@ -196,10 +209,10 @@ def run(cfg, args) -> int:
         facts = json.loads((Path(td.out) / CONFIG_FILE).read_text()).get("extra", {})
     else:
         start = time.perf_counter()
-        facts = train(cfg, target, tokenizer, texts, progress=args.progress)
+        facts = train(cfg, target, tokenizer, trajectories, progress=args.progress)
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
-    metrics = {**evaluate(cfg, target, tokenizer, texts, list(splits["test"]["source"])), **facts}
+    metrics = {**evaluate(cfg, target, trajectories["test"]), **facts}
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = metrics_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
@@ -212,8 +225,8 @@ def run(cfg, args) -> int:
             client.log_metric(facts["mlflow_run_id"], name, value)
     print(json.dumps({k: metrics[k] for k in sorted(metrics) if k.startswith(("acceptance", "step_time"))},
                      indent=2))
-    for t in td.eval_temperatures:
-        print(f"T = {t}: acceptance by prompt source / by target entropy (nats):")
-        for part in metrics[f"breakdown_test_T{t}"].values():
+    for key in sorted(k for k in metrics if k.startswith("breakdown_test_")):
+        print(f"{key.removeprefix('breakdown_test_')}: acceptance by prompt source / by target entropy (nats):")
+        for part in metrics[key].values():
             print("  " + ", ".join(f"{k} {v['acceptance']:.3f} ({v['positions']})" for k, v in part.items()))
     return 0

@@ -13,7 +13,7 @@ def test_repo_params_file_parses_and_matches_defaults_types():
     cfg = load_config("params.yaml")
     assert cfg.model.target == "embedded:smollm2-135m-instruct"
     assert cfg.sampling.temperature == 1.0 and isinstance(cfg.sampling.temperature, float)
-    assert cfg.prompts.split == [0.8, 0.1, 0.1]
+    assert cfg.prompts.split == [0.6, 0.2, 0.1, 0.1]
 
 
 def test_defaults_without_file():
@@ -39,7 +39,10 @@ def test_override_is_typed_and_applied(tmp_path):
         ("decode: [1, 2]\n", r"section 'decode' must be a mapping"),
         ("decode:\n  seed: 1\n bad indent: [\n", r"not valid YAML at line"),
         ("- just\n- a list\n", r"top level must be a mapping"),
-        ("prompts:\n  split: [0.5, 0.5]\n", r"split must be three"),
+        ("prompts:\n  split: [0.8, 0.1, 0.1]\n", r"split now has four parts \[draft, train, val, test\]"),
+        ("prompts:\n  split: [0.5, 0.5, 0.1, 0.1]\n", r"four non-negative fractions summing to 1"),
+        ("trajectories:\n  temperatures: [-1.0]\n", r"temperature must be a finite number >= 0"),
+        ("trajectories:\n  top_ps: [0.0]\n", r"top_p must be in \(0, 1\]"),
     ],
 )
 def test_malformed_files_name_the_problem_and_file(tmp_path, text, expected):

@@ -231,10 +231,10 @@ def _ids(splits):
 def test_split_is_deterministic_disjoint_and_covering():
     ds = load_prompt_set("default")
     first, again = _ids(split_prompts(ds, seed=3)), _ids(split_prompts(ds, seed=3))
-    assert first == again and list(first) == ["train", "val", "test"]
+    assert first == again and list(first) == ["draft", "train", "val", "test"]
     all_ids = [pid for part in first.values() for pid in part]
     assert sorted(all_ids) == sorted(ds["prompt_id"]) and len(set(all_ids)) == len(all_ids)
-    assert 0.7 < len(first["train"]) / len(ds) < 0.9
+    assert 0.5 < len(first["draft"]) / len(ds) < 0.7 and 0.12 < len(first["train"]) / len(ds) < 0.28
     assert _ids(split_prompts(ds, seed=4)) != first
 
 
@@ -245,7 +245,7 @@ def test_split_of_a_prompt_is_stable_when_prompts_are_added():
 
 
 def test_small_sets_get_every_split_non_empty():
-    for n in (3, 10, 11):
+    for n in (4, 10, 11):
         for seed in range(20):
             splits = split_prompts(_prompts(n), seed=seed)
             assert all(len(part) >= 1 for part in splits.values()) and sum(map(len, splits.values())) == n
@@ -255,6 +255,19 @@ def test_small_sets_get_every_split_non_empty():
 
 def test_split_rejects_bad_fractions():
     with pytest.raises(PromptSetError, match="fractions"):
-        split_prompts(_prompts(5), fractions=(0.5, 0.2, 0.2))
-    with pytest.raises(PromptSetError, match="fractions"):
-        split_prompts(_prompts(5), fractions=(0.9, 0.1))
+        split_prompts(_prompts(5), fractions=(0.5, 0.2, 0.2, 0.2))
+    with pytest.raises(PromptSetError, match=r"4 non-negative numbers \[draft, train, val, test\]"):
+        split_prompts(_prompts(5), fractions=(0.8, 0.1, 0.1))
+
+
+def test_split_is_by_prompt_and_a_zero_fraction_stays_empty():
+    """The part of a prompt depends on its id alone (u = hash(seed, id) against the cumulative fractions)."""
+    from data_collection.prompts import unit_hash
+
+    ds = _prompts(200)
+    splits = split_prompts(ds, fractions=(0.6, 0.2, 0.1, 0.1), seed=5)
+    bounds = [0.0, 0.6, 0.8, 0.9, 1.0]
+    for k, name in enumerate(("draft", "train", "val", "test")):
+        assert all(bounds[k] <= unit_hash(5, pid) < bounds[k + 1] for pid in splits[name]["prompt_id"])
+    no_val = split_prompts(ds, fractions=(0.7, 0.2, 0.0, 0.1), seed=5)
+    assert len(no_val["val"]) == 0 and sum(map(len, no_val.values())) == len(ds)

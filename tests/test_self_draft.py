@@ -6,24 +6,32 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from decoding.sampling import Sampling
 from models.draft_data import (
+    Continuations,
     PositionStats,
     acceptance_per_position,
     breakdown,
     chain_block_efficiency,
+    distillation_records,
     position_stats,
-    sample_continuations,
 )
 from models.draft_training import (
     DistillDataModule,
-    DistillHParams,
     RecordDataset,
     distill_terms,
     fit_draft,
     rank_vocabulary,
 )
+from models.sampler import Row, sample_continuations
 from models.self_draft import SelfDraft, SelfDraftConfig, SelfDraftError, load_self_draft, save_self_draft
 from models.tiny import TINY_VOCAB, tiny_lm
+from pipeline.config import TrainDraftConfig
+from pipeline.train_draft import distill_hparams
+
+
+def config(layers=2, width=16, subset=0, int8=False):
+    return SelfDraftConfig(layers=layers, adapter_width=width, vocab_subset_size=subset, int8=int8)
 
 SUBSET = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 60, 63])
 
@@ -35,7 +43,7 @@ def target():
 
 def make_draft(target, k=2, subset=SUBSET, width=16, seed=0):
     torch.manual_seed(seed)
-    draft = SelfDraft(target, SelfDraftConfig(layers=k, adapter_width=width, int8=False), vocab_subset=subset)
+    draft = SelfDraft(target, config(k, width), vocab_subset=subset)
     with torch.no_grad():  # a non-trivial adapter and bias (a fresh adapter is the identity)
         draft.adapter.down.weight.normal_(0, 0.1)
         draft.head.bias.normal_(0, 0.5)
@@ -120,39 +128,63 @@ def test_save_load_round_trip_and_errors(target, tmp_path):
     with pytest.raises(SelfDraftError, match="no self-draft artifact"):
         load_self_draft(target, tmp_path / "missing")
     with pytest.raises(SelfDraftError, match="between 1 and"):
-        SelfDraft(target, SelfDraftConfig(layers=5))
+        SelfDraft(target, config(layers=5))
 
 
 def test_full_depth_identity_draft_accepts_everything(target):
     """k = all layers, whole vocabulary, identity adapter, zero bias: q == p, acceptance 1."""
-    draft = SelfDraft(target, SelfDraftConfig(layers=4, adapter_width=8, vocab_subset_size=0, int8=False)).eval()
+    draft = SelfDraft(target, config(layers=4, width=8)).eval()
     ids = torch.randint(0, TINY_VOCAB, (1, 8))
     assert torch.allclose(draft(input_ids=ids).logits, target(input_ids=ids).logits, atol=1e-5)
 
 
-class CharTokenizer:
-    """Enough of a tokenizer for `sample_continuations`: one id per character."""
-
-    eos_token_id = 2
-    pad_token_id = 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [3 + (ord(c) % (TINY_VOCAB - 3)) for c in text]}
+def sampled(target, n_new=6):
+    """Target-sampled continuations of three prompts (the trajectories stage's sampler)."""
+    prompts = [[5, 9, 11, 40, 3], [7, 8], [12, 13, 14, 15, 16, 17, 18, 19]]
+    rows = [Row(p, Sampling(1.0), seed=i) for i, p in enumerate(prompts)]
+    return Continuations(prompts, sample_continuations(target, rows, n_new, eos=[2], batch_size=2))
 
 
-def test_sample_continuations_records_and_acceptance(target):
-    texts = ["hello there", "abc", "a longer prompt text"]
-    data = sample_continuations(target, CharTokenizer(), texts, max_new_tokens=6, batch_size=2, seed=0,
-                                capture_layer=2, top_k=8)
-    assert len(data.continuations) == 3 and all(1 <= len(c) <= 6 for c in data.continuations)
-    assert data.num_records == sum(len(c) for c in data.continuations)
-    assert data.hidden.shape == (data.num_records, 48) and data.top_ids.shape == (data.num_records, 8)
+def incremental_records(target, prompt, cont, layer, top_k):
+    """What the retired sampler captured while decoding ``cont`` token by token on a KV cache: the hidden
+    state after ``layer`` and the top-k log-probs (T = 1) at the last position of each step."""
+    captured = []
+    hook = target.model.layers[layer - 1].register_forward_hook(lambda _m, _i, o: captured.append(o[:, -1]))
+    cache, rows, step = DynamicCache(), [], torch.tensor([prompt])
+    try:
+        for tok in cont:
+            logits = target(input_ids=step, cache=cache, use_cache=True).logits[0, -1]
+            top_lp, top_id = torch.log_softmax(logits, -1).topk(top_k)
+            rows.append((captured[-1][0].half(), top_id, top_lp))
+            step = torch.tensor([[tok]])
+    finally:
+        hook.remove()
+    return [torch.stack(c) for c in zip(*rows, strict=True)]
+
+
+@torch.no_grad()
+def test_teacher_forced_records_equal_the_incremental_capture(target, one_thread):
+    data = sampled(target)
+    data.continuations.append([])  # an empty continuation contributes no record
+    data.prompts.append([4, 4])
+    rec = distillation_records(target, data, layer=2, top_k=8, batch_size=2)
+    assert rec.num_records == sum(len(c) for c in data.continuations)
+    assert rec.hidden.dtype == torch.float16 and rec.top_ids.shape == (rec.num_records, 8)
+    for i, (prompt, cont) in enumerate(zip(data.prompts[:3], data.continuations[:3], strict=True)):
+        hidden, top_ids, top_logp = incremental_records(target, prompt, cont, 2, 8)
+        mine = rec.record_seq == i
+        assert torch.allclose(rec.hidden[mine].float(), hidden.float(), atol=2e-3)
+        assert torch.equal(rec.top_ids[mine], top_ids)
+        assert torch.allclose(rec.top_logp[mine], top_logp, atol=1e-4)
     # the recorded hidden state is the draft's own hidden state after layer 2 (up to float16 rounding)
-    draft = make_draft(target)
-    first = data.record_seq == 0
     ids = torch.tensor([data.prompts[0] + data.continuations[0]])
-    h = draft.hidden_after_layers(ids, use_cache=False)[0, len(data.prompts[0]) - 1 : -1]
-    assert torch.allclose(data.hidden[first].float(), h, atol=1e-2)
+    h = make_draft(target).hidden_after_layers(ids, use_cache=False)[0, len(data.prompts[0]) - 1 : -1]
+    assert torch.allclose(rec.hidden[rec.record_seq == 0].float(), h, atol=1e-2)
+
+
+def test_acceptance_and_target_entropy(target):
+    data = sampled(target)
+    draft = make_draft(target)
     acc = acceptance_per_position(target, draft, data, [1.0, 0.6])
     assert [len(a) for a in acc[1.0]] == [len(c) for c in data.continuations]
     assert all(((a >= 0) & (a <= 1 + 1e-6)).all() for a in acc[0.6])
@@ -162,8 +194,18 @@ def test_sample_continuations_records_and_acceptance(target):
     # the target entropy reported next to it is the entropy of p_T at the same positions
     stats = position_stats(target, draft, data, [0.6])[0.6]
     assert all(torch.equal(a, b) for a, b in zip(stats.acceptance, acc[0.6], strict=True))
+    ids = torch.tensor([data.prompts[0] + data.continuations[0]])
     logp = torch.log_softmax(target(input_ids=ids).logits[0, len(data.prompts[0]) - 1 : -1] / 0.6, -1)
     assert torch.allclose(stats.target_entropy[0], -(logp.exp() * logp).sum(-1), atol=1e-5)
+    # T = 0 (greedy, no division by zero): acceptance 1 where the argmaxes agree, else 0; entropy 0
+    greedy = position_stats(target, draft, data, [0.0])[0.0]
+    p_arg = target(input_ids=ids).logits[0, len(data.prompts[0]) - 1 : -1].argmax(-1)
+    q_arg = draft(input_ids=ids).logits[0, len(data.prompts[0]) - 1 : -1].argmax(-1)
+    assert torch.equal(greedy.acceptance[0], (p_arg == q_arg).float())
+    assert torch.equal(greedy.target_entropy[0], torch.zeros_like(greedy.target_entropy[0]))
+    # top-p truncation is applied to p and q alike: a tiny top-p is greedy
+    assert torch.allclose(position_stats(target, draft, data, [1.0], top_p=1e-6)[1.0].acceptance[0],
+                          greedy.acceptance[0])
 
 
 def test_chain_block_efficiency_by_hand():
@@ -184,21 +226,11 @@ def test_breakdown_groups_positions_by_source_and_target_entropy():
                                              "[3, inf)": {"acceptance": pytest.approx(0.2), "positions": 1}}
 
 
-def test_progress_bar_counts_sampled_tokens_and_changes_nothing(target, capsys):
-    texts = ["hello there", "abc", "a longer prompt text"]
-    quiet = sample_continuations(target, CharTokenizer(), texts, max_new_tokens=6, batch_size=2, seed=0)
-    shown = sample_continuations(target, CharTokenizer(), texts, max_new_tokens=6, batch_size=2, seed=0,
-                                 progress="sampling")
-    assert shown.continuations == quiet.continuations
-    total = sum(len(c) for c in shown.continuations)
-    assert f"{total}/{total}" in capsys.readouterr().err.replace(" ", "").split("sampling")[-1]
-
-
 def records(target, k, n_seq=24, length=12, top_k=TINY_VOCAB, seed=0):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, TINY_VOCAB, (n_seq, length), generator=gen)
     with torch.no_grad():
-        hidden = SelfDraft(target, SelfDraftConfig(layers=k, int8=False)).hidden_after_layers(ids, use_cache=False)
+        hidden = SelfDraft(target, config(k)).hidden_after_layers(ids, use_cache=False)
         top_lp, top_id = torch.log_softmax(target(input_ids=ids).logits, -1).topk(top_k, -1)
     return RecordDataset(hidden.reshape(-1, 48).half(), top_id.reshape(-1, top_k), top_lp.reshape(-1, top_k))
 
@@ -207,14 +239,14 @@ def test_training_reduces_kl(target):
     train, val = records(target, 2, seed=0), records(target, 2, seed=1)
     subset = rank_vocabulary(train.top_ids, train.top_logp, TINY_VOCAB, 48, always=[2])
     assert subset.numel() == 48 and 2 in subset.tolist()
-    draft = SelfDraft(target, SelfDraftConfig(layers=2, adapter_width=32, int8=False), vocab_subset=subset)
+    draft = SelfDraft(target, config(2, 32), vocab_subset=subset)
     from models.draft_training import DraftDistillation
 
-    probe = DraftDistillation(draft, DistillHParams())
+    probe = DraftDistillation(draft, distill_hparams(TrainDraftConfig()))
     before = distill_terms(draft, probe.pos_in_subset, val.hidden.float(), val.top_ids, val.top_logp)
     target_before = [p.clone() for p in target.parameters()]
-    fit_draft(draft, DistillDataModule(train, val, batch_size=64), DistillHParams(lr=3e-3, max_steps=150, warmup_steps=5),
-              val_every=30)
+    hparams = distill_hparams(TrainDraftConfig(lr=3e-3, steps=150, warmup_steps=5, tv_weight=1.0))
+    fit_draft(draft, DistillDataModule(train, val, batch_size=64), hparams, val_every=30)
     after = distill_terms(draft, probe.pos_in_subset, val.hidden.float(), val.top_ids, val.top_logp)
     assert after[0] < 0.9 * before[0] and after[1] > before[1], (before, after)
     assert all(torch.equal(a, b) for a, b in zip(target_before, target.parameters(), strict=True))
@@ -225,7 +257,7 @@ def test_sampled_softmax_is_exact_when_negatives_cover_the_rest(target):
     draft = make_draft(target)
     from models.draft_training import DraftDistillation
 
-    pos = DraftDistillation(draft, DistillHParams()).pos_in_subset
+    pos = DraftDistillation(draft, distill_hparams(TrainDraftConfig())).pos_in_subset
     batch = (data.hidden.float(), data.top_ids, data.top_logp)
     exact = distill_terms(draft, pos, *batch, negatives=0)
     sampled = distill_terms(draft, pos, *batch, negatives=SUBSET.numel() - 1)  # all of S \ U

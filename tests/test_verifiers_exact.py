@@ -259,3 +259,20 @@ def test_spectr_kernel_matches_the_definitions(kmax: int) -> None:
             assert mass[k - 1] == pytest.approx(ref[2], rel=0, abs=1e-12), f"k={k}: mass"
             alone = RatioTable.build(p, q).spectr(k)
             assert (alone[0][k - 1], alone[1][k - 1], alone[2][k - 1]) == (rho[k - 1], c[k - 1], mass[k - 1])
+
+
+def test_spectr_rho_when_q_is_p_up_to_rounding():
+    """A draft equal to the target up to float noise (e.g. the target as its own draft) once made the
+    bracketed root solver divide by zero: g was positive at both ends of its bracket by ~1e-16."""
+    from decoding.verifiers.ratios import RatioTable
+
+    rng = np.random.default_rng(0)
+    for trial in range(500):
+        p = rng.dirichlet(np.ones(50) * 0.3)
+        q = np.abs(p * (1 + rng.normal(size=50) * 10 ** rng.uniform(-9, -5)))
+        q /= q.sum()
+        if trial % 3 == 0:
+            p[rng.integers(50)] = 0
+            p /= p.sum()
+        rho, c, mass = RatioTable.build(p, q).spectr(3)
+        assert np.all((rho >= 1) & (rho <= np.arange(1, 4) + 1e-12)) and np.all(np.isfinite(mass)), trial

@@ -57,11 +57,14 @@ def bracketed_root(a_mass: float, p_mass: float, k: int, lo: float, hi: float) -
     g_lo, g_hi = _g(a_mass, p_mass, k, lo), _g(a_mass, p_mass, k, hi)
     if g_lo <= 0.0:  # rounding put the root at lo: lo is then a valid answer
         return lo
+    if g_hi >= 0.0:  # rounding: g is within float noise of 0 over the whole bracket (p ~ q)
+        return hi
     side = 0
     for _ in range(200):
         if hi - lo <= 4e-16 * hi or g_hi == 0.0:
             break
-        x = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+        den = g_hi - g_lo
+        x = hi - g_hi * (hi - lo) / den if den != 0.0 else 0.5 * (lo + hi)
         if not lo < x < hi:
             x = 0.5 * (lo + hi)
             if not lo < x < hi:
