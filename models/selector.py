@@ -15,7 +15,7 @@ part of the network.
 Output layout (`OutputLayout`): ``method: <name>`` has one output per action of the grid, in
 `ActionSpace` order; ``method: auto`` has one output per (method, action), method-major: output
 ``o = i_method * A + i_action``. Outputs whose method does not apply to their action (NaN labels) are
-marked invalid and never chosen.
+marked invalid and never chosen, and so are duplicate steps (`OutputLayout.distinct`).
 
 A trained selector on disk (`save_selector` / `load_selector`; the ONNX export reads exactly this):
 
@@ -81,6 +81,22 @@ class OutputLayout:
         """The outputs of one method (a contiguous block)."""
         start = self.methods.index(method) * len(self.actions)
         return slice(start, start + len(self.actions))
+
+    def distinct(self) -> list[bool]:
+        """Per output: False for a duplicate step. A tree of size 0 (``L1 = L2 = 0``) is one plain target
+        step under every method and K: only its first output counts. ``L2 = 0`` chains differ only in K,
+        which changes nothing (`ActionSpace.canonical`): only the smallest K counts. Decisions never pick a
+        duplicate (its label equals its representative's), so the chosen-output histogram names each step
+        once and the argmax is not biased toward steps that have many copies."""
+        k_min = min(a.K for a in self.actions)
+        out, seen_empty = [], False
+        for _, a in (self.output(o) for o in range(self.size)):
+            if a.tree_size == 0:
+                out.append(not seen_empty)
+                seen_empty = True
+            else:
+                out.append(a.L2 > 0 or a.K == k_min)
+        return out
 
     def to_dict(self) -> dict:
         return {"method": AUTO if self.auto else self.methods[0], "auto": self.auto, "methods": list(self.methods),

@@ -84,9 +84,10 @@ class SelectorData:
         return np.array([sampling_key(t, p) for t, p in zip(self.temperature.tolist(), self.top_p.tolist(), strict=True)])
 
     def valid_outputs(self, idx: np.ndarray | None = None) -> np.ndarray:
-        """``[O]`` outputs with a finite label at every root (of ``idx``): the ones a decision may pick."""
+        """``[O]`` the outputs a decision may pick: distinct steps (`OutputLayout.distinct`) with a finite label
+        at every root (of ``idx``)."""
         labels = self.labels if idx is None else self.labels[idx]
-        return np.all(np.isfinite(labels), axis=0)
+        return np.all(np.isfinite(labels), axis=0) & np.asarray(self.layout.distinct(), dtype=bool)
 
     def static_base_rate(self, fit: np.ndarray) -> np.ndarray:
         """``[N]`` Ê / T of the best static output of each root's sampling setting, chosen on ``fit`` rows

@@ -251,7 +251,7 @@ class TrainConfig:
 
     method: str = "auto"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
     auto_methods: list[str] = field(default_factory=list)  # the methods of auto ([] = all of collect.methods)
-    feature_set: str = "paper"  # paper | target_only (decoding.features.FEATURE_SETS)
+    feature_set: str = "target_only"  # paper | target_only (decoding.features.FEATURE_SETS); VAL-best on the CPU default
     objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
     # network (models/selector.py)
     proj: int = 128  # projection width of each hidden-state feature

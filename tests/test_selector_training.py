@@ -270,3 +270,12 @@ def test_losses_against_hand_values():
     r = ratio / 2
     assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 3.0, 0.5)) == pytest.approx(
         -np.log(r) + 3.0 * (1 - r) ** 2)
+
+
+def test_duplicate_steps_are_never_chosen():
+    space = ActionSpace(range(1, 3), range(0, 2), range(0, 2))  # (K, L1, L2), K in 1..2
+    lay = OutputLayout(("traversal", "specinfer"), tuple(space), auto=True)
+    d = dict(zip([f"{m}:{a}" for m in lay.methods for a in lay.actions], lay.distinct(), strict=True))
+    assert d["traversal:1,0,0"] and not d["traversal:2,0,0"] and not d["specinfer:1,0,0"]  # one plain step
+    assert d["traversal:1,1,0"] and not d["traversal:2,1,0"] and d["specinfer:1,1,0"]  # chains: K irrelevant
+    assert d["traversal:2,0,1"] and d["specinfer:2,1,1"]
