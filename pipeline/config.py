@@ -249,7 +249,7 @@ class ProfileConfig:
 class TrainConfig:
     """Stage train: the selector of ALGORITHMS.md section 6 on the collected dataset (models/selector_*.py)."""
 
-    method: str = "auto"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
+    method: str = "specinfer"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
     auto_methods: list[str] = field(default_factory=list)  # the methods of auto ([] = all of collect.methods)
     feature_set: str = "target_only"  # paper | target_only (decoding.features.FEATURE_SETS); VAL-best on the CPU default
     objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
