@@ -221,7 +221,7 @@ def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    rc = main(["train", "--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=2",
+    rc = main(["train", "--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=2", "--set", "train.method=auto",
                "--set", "train.baselines=[best_static,ridge]", "--set", "train.out=sel", "--set", "train.metrics=metrics/train.json"])
     assert rc == 0
     metrics = json.loads((tmp_path / "metrics/train.json").read_text())
