@@ -32,11 +32,12 @@ $(VEGA)/.fetched:
 
 setup: $(BIN)/.installed $(VEGA)/.fetched
 
-# The main job on the embedded default pair: the DVC pipeline, then one decoded prompt.
+# The main job on the embedded default pair: the DVC pipeline, then one prompt decoded with the exported
+# selector choosing the (method, action) of every step.
 # (dvc runs each stage's `branchpoint ...` command, so the venv's bin goes first on PATH.)
 main: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
-	$(BIN)/branchpoint decode
+	$(BIN)/branchpoint decode --selector artifacts/selector
 
 # Fast suite (CI): everything but tests marked slow.
 test: setup
