@@ -13,6 +13,10 @@ feature vector it is given (wrong dims, missing or extra inputs, NaN: one clear 
 the actions with a latency profile (the one the selector was trained with, or a fresh one from
 ``branchpoint profile`` on the machine where it runs) and implements the decoder's selector protocol
 (`decoding.selector`): ``select(RootFeatures) -> Choice``.
+
+``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
+Ê / T over the valid outputs of those methods only (computed here with numpy from the graph's Ê, the same
+rule and tie order as the graph's ``choice``), so the other methods' outputs are never chosen.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class SelectorRuntime:
     """An exported selector, ready to choose the action (and method) of each decoding step."""
 
     def __init__(self, folder: str | Path, latency: str | Path | LatencyModel | None = None,
-                 providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> None:
+                 providers: tuple[str, ...] = ("CPUExecutionProvider",), methods: list[str] | None = None) -> None:
         import onnxruntime as ort
 
         self.folder = Path(folder)
@@ -80,6 +84,8 @@ class SelectorRuntime:
         self.table = [(m, parse_action(a)) for m, a in out["table"]]  # output o -> (method, action)
         self.auto = bool(out.get("auto", False))
         self.actions = [parse_action(a) for a in out["actions"]]
+        self.valid = np.asarray(out.get("valid", [True] * len(self.table)), dtype=bool)  # [outputs]
+        self.allowed = self._allowed(methods)  # [outputs] bool, or None: every method
         if isinstance(latency, LatencyModel):
             self.latency = latency
         elif latency is not None:
@@ -90,6 +96,19 @@ class SelectorRuntime:
         self._check_session()
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
+
+    def _allowed(self, methods: list[str] | None) -> np.ndarray | None:
+        """``[outputs]`` mask of the valid outputs of ``methods`` (None: no restriction)."""
+        if methods is None:
+            return None
+        unknown = [m for m in methods if m not in self.methods]
+        if unknown or not methods:
+            raise SelectorArtifactError(f"{self.folder}: cannot restrict the selector to methods {list(methods)}: it "
+                                        f"predicts only {self.methods}")
+        mask = np.array([m in methods for m, _ in self.table]) & self.valid
+        if not mask.any():
+            raise SelectorArtifactError(f"{self.folder}: methods {list(methods)} have no valid output")
+        return mask
 
     def _check_session(self) -> None:
         expected = {**self.schema.input_shapes(), STEP_SECONDS: (len(self.table),)}
@@ -109,6 +128,9 @@ class SelectorRuntime:
         feed = {k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()}
         feed[STEP_SECONDS] = np.asarray(step_seconds, dtype=np.float32)
         e, choice = self.session.run(list(OUTPUTS), feed)
+        if self.allowed is not None:  # the graph's rule, over the allowed outputs only
+            score = np.where(self.allowed, e.astype(np.float64) / feed[STEP_SECONDS].astype(np.float64), -np.inf)
+            choice = np.argmax(score, axis=-1).astype(np.int64)
         return e, choice
 
     def select(self, features: RootFeatures) -> Choice:
@@ -119,8 +141,12 @@ class SelectorRuntime:
         return Choice(action, method)
 
     def __repr__(self) -> str:
+        only = ""
+        if self.allowed is not None:
+            kept = sorted({m for (m, _), ok in zip(self.table, self.allowed, strict=True) if ok})
+            only = f", restricted to {kept}"
         return (f"SelectorRuntime({self.folder}, {self.schema.feature_set}, methods {self.methods}, "
-                f"{len(self.table)} outputs)")
+                f"{len(self.table)} outputs{only})")
 
 
 __all__ = ["FeatureError", "SelectorArtifactError", "SelectorRuntime", "read_sidecar"]

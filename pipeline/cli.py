@@ -25,6 +25,8 @@ COMMANDS = {
     "train": ("pipeline.train", "train the branching-point selector on the collected dataset (stage train)"),
     "export": ("pipeline.export", "export the trained selector to ONNX + sidecar, check parity, register it "
                                   "(stage export)"),
+    "evaluate": ("pipeline.evaluate", "decode TEST prompts with every policy end to end; report, plots and findings "
+                                      "(stage evaluate)"),
 }
 
 

@@ -324,6 +324,43 @@ class ExportConfig:
             raise ValueError(f"atol must be > 0, not {self.atol}")
 
 
+@dataclass
+class EvaluateConfig:
+    """Stage evaluate: TEST prompts decoded end to end with every policy, the report and the findings
+    (pipeline/evaluate.py, data_collection/online_eval.py, data_collection/findings.py)."""
+
+    prompts: int = 10  # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all)
+    seeds: list[int] = field(default_factory=lambda: [0])  # decoding seeds per prompt (units = prompts x seeds)
+    max_new_tokens: int = 32
+    # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is
+    # always included (the reference)
+    methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "gbv"])
+    chain: bool = True  # chain speculative decoding (naive on K = 1) with its best static length
+    selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
+    selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
+    warmup: bool = True  # one short untimed decode per policy first
+    bootstrap: int = 2000  # bootstrap resamples (over prompts) of each confidence interval
+    ci: float = 0.95
+    seed: int = 0  # of the prompt subset and the bootstrap
+    train_metrics: str = "metrics/train.json"  # the offline TEST table of the trained selector, shown when present
+    metrics: str = "metrics/evaluate.json"
+    plots: str = "plots/evaluate"  # plot data files for `dvc plots show`
+    report: str = "reports/report.md"  # with its figures in reports/figures/
+
+    def validate(self) -> None:
+        from decoding.verifiers import get_method
+
+        for m in [*self.methods, *self.selector_methods]:
+            get_method(m)
+        if self.prompts < 0 or self.max_new_tokens < 1 or self.bootstrap < 1:
+            raise ValueError(f"prompts must be >= 0, max_new_tokens and bootstrap >= 1, not {self.prompts}, "
+                             f"{self.max_new_tokens}, {self.bootstrap}")
+        if not self.seeds:
+            raise ValueError("seeds must hold at least one seed")
+        if not 0 < self.ci < 1:
+            raise ValueError(f"ci must be in (0, 1), not {self.ci}")
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "prompts": PromptsConfig,
@@ -337,6 +374,7 @@ SECTIONS: dict[str, type] = {
     "export": ExportConfig,
     "profile": ProfileConfig,
     "train": TrainConfig,
+    "evaluate": EvaluateConfig,
 }
 
 
@@ -354,6 +392,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     source: str = "<defaults>"  # where the values came from, for messages
 
     def to_dict(self) -> dict:
@@ -436,26 +475,50 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, name, value
 
 
+EXTENDS = "extends"  # top-level key of a params file: the file it is a partial override of
+
+
+def _read_params(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The sections of a params file; with ``extends: <file>`` (relative to this file's folder) its sections
+    are merged key by key over that file's (a preset that changes a few keys of params.yaml)."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}" + (f" (extended by {chain[-1]})" if chain else ""))
+    if path.resolve() in [p.resolve() for p in chain]:
+        raise ConfigError(f"{path}: '{EXTENDS}' forms a cycle: {' -> '.join(map(str, (*chain, path)))}")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in loaded.items()}
+    base_name = raw.pop(EXTENDS, None)
+    if base_name is None:
+        return raw
+    if not isinstance(base_name, str):
+        raise ConfigError(f"{path}: '{EXTENDS}' must be a file name (relative to {path.parent}), got {base_name!r}")
+    merged = _read_params(path.parent / base_name, (*chain, path))
+    for name, values in raw.items():
+        if isinstance(values, dict) and isinstance(merged.get(name), dict):
+            merged[name] = {**merged[name], **values}
+        else:
+            merged[name] = values
+    return merged
+
+
 def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = ()) -> Config:
-    """Read ``path`` (missing file = defaults only when path is None), then apply ``overrides``."""
+    """Read ``path`` (missing file = defaults only when path is None; ``extends:`` merges it over another
+    params file, see `_read_params`), then apply ``overrides``."""
     raw: dict = {}
     source = "<defaults>"
     if path is not None:
         path = Path(path)
         source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
-        raw = {k: dict(v) if isinstance(v, dict) else v for k, v in loaded.items()}
+        raw = _read_params(path)
     for name in raw:
         if name not in SECTIONS:
             raise ConfigError(f"{source}: unknown section '{name}' (known: {', '.join(SECTIONS)})")
@@ -471,3 +534,16 @@ def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = 
         source = f"{source} + --set"
     sections = {name: _build_section(name, raw.get(name), source) for name in SECTIONS}
     return Config(**sections, source=source)
+
+
+def dump_params(cfg: Config) -> str:
+    """The resolved config as a full params file (e.g. a preset materialised as params.yaml for `dvc exp run`)."""
+    return f"# resolved from {cfg.source}\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+if __name__ == "__main__":  # python -m pipeline.config configs/quick.yaml [section.key=value ...] > params.yaml
+    import sys
+
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m pipeline.config PARAMS_FILE [section.key=value ...]  (prints the resolved params)")
+    print(dump_params(load_config(sys.argv[1], sys.argv[2:])), end="")

@@ -1,0 +1,168 @@
+"""End-to-end evaluation: decode held-out prompts with every policy through the same decoder, and the offline
+numbers of the same static policies from labels (the stage ``branchpoint evaluate``).
+
+Terms:
+- a *policy* (`EvalPolicy`): what decides each step's tree shape and method: autoregressive; *chain*
+  speculative decoding (``naive`` on K = 1 chains) with its best static length; a method with its *best
+  static* action; an exported selector (``auto``: it picks method and action, or restricted to one method).
+- *best static*: the speculating action (tree size >= 1) of the highest realized TPS on the TRAIN roots'
+  labels with the latency model's step times (`throughput.best_static`; ALGORITHMS.md section 6). The
+  chain's labels are those of a collected OT method on K = 1 chains (standard speculative sampling;
+  `findings.chain_source`).
+- a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
+  every unit, in an order rotated per unit, so slow phases of a shared machine hit all policies alike.
+- a *run*: one (unit, policy) decode: its tokens, seconds, block-efficiency counts and per-depth counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from decoding.actions import Action, ActionSpace
+from decoding.latency import LatencyModel
+from decoding.sampling import Sampling
+
+from .findings import chain_source
+
+try:  # the offline-throughput arithmetic moves below models/ (decoding/throughput.py) with selector training
+    from decoding import throughput
+except ImportError:  # pragma: no cover - before that merge
+    from decoding import throughput
+
+AUTOREGRESSIVE = "autoregressive"
+CHAIN = "chain"
+CHAIN_METHOD = "naive"
+AR_ACTION = Action(1, 0, 0)
+
+
+@dataclass
+class EvalPolicy:
+    name: str  # metrics key: autoregressive | chain | static:<method> | selector:auto | selector:<method>
+    kind: str  # autoregressive | chain | static | selector
+    method: str  # the decoder's method argument (a selector's Choice overrides it per step)
+    policy: object  # an Action or a selector (decoding.selector protocol)
+    action: str | None = None  # the static action, "K,L1,L2"
+
+
+def step_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray) -> np.ndarray:
+    """``[N, A]`` T(c, a) of a static policy (no feature cost) at each root's context length."""
+    ctx = np.asarray(context_length, dtype=np.int64)
+    uniq, inv = np.unique(ctx, return_inverse=True)
+    rows = np.stack([latency.step_seconds(int(c), space) for c in uniq]) if uniq.size else np.zeros((0, len(space)))
+    return rows[inv]
+
+
+def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpace, methods: Sequence[str],
+                 chain: bool = True) -> dict[str, tuple[str, int]]:
+    """``{policy name: (method, action index)}``: each method's best speculating static action on these (TRAIN)
+    roots, and the chain's (`CHAIN_METHOD` on K = 1 / L2 = 0 actions, labels of `chain_source`)."""
+    size = np.array([a.tree_size for a in space])
+    out: dict[str, tuple[str, int]] = {}
+    src = chain_source(labels)
+    if chain and src is not None:
+        chain_ok = np.array([a.is_chain for a in space]) & (size > 0)
+        E = np.where(chain_ok, labels[src], np.nan)
+        out[CHAIN] = (CHAIN_METHOD, throughput.best_static(E, T))
+    for m in methods:
+        E = np.where(size > 0, labels[m], np.nan)
+        out[f"static:{m}"] = (m, throughput.best_static(E, T))
+    return out
+
+
+def offline_tps(labels: dict[str, np.ndarray], T: np.ndarray, statics: dict[str, tuple[str, int]],
+                space: ActionSpace) -> dict[str, dict]:
+    """Realized TPS of autoregressive and of each static policy on these (TEST) roots, and the ratio to AR."""
+    n = T.shape[0]
+    if n == 0:
+        return {}
+    ar = float(n / T[:, space.index(AR_ACTION)].sum())
+    out = {AUTOREGRESSIVE: {"tps": ar, "vs_autoregressive": 1.0, "mean_label": 1.0}}
+    src = chain_source(labels)
+    for name, (method, a) in statics.items():
+        E = labels[src if method == CHAIN_METHOD else method]
+        tps = throughput.realized_tps(E, T, np.full(n, a))
+        out[name] = {"tps": tps, "vs_autoregressive": tps / ar, "mean_label": float(np.mean(E[:, a])),
+                     "action": str(space[a])}
+    return out
+
+
+def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter) -> dict:
+    return {"policy": policy.name, "prompt_id": unit.prompt_id, "source": unit.source,
+            "temperature": float(unit.temperature), "top_p": float(unit.top_p), "seed": int(seed),
+            "tokens": int(stats.new_tokens), "seconds": float(stats.time_total), "emitted": int(stats.emitted),
+            "steps": int(stats.steps), "depth_offered": list(stats.depth_offered),
+            "depth_accepted": list(stats.depth_accepted), "choices": dict(choices),
+            "time_s": {"draft": stats.time_draft, "target": stats.time_target, "verify": stats.time_verify,
+                       "selector": stats.time_selector}}
+
+
+def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_new_tokens: int,
+                 seeds: Sequence[int], warmup: bool = True, progress: Callable[[int, int], None] | None = None
+                 ) -> list[dict]:
+    """Every policy decodes every (unit, seed) with `SpeculativeDecoder.generate`; one record per run."""
+    if warmup and units:  # first calls pay one-time costs (allocator, kernels, ONNX session): untimed
+        u = units[0]
+        for p in policies:
+            decoder.generate(list(u.prompt_ids), min(4, max_new_tokens), p.method, p.policy,
+                             Sampling(u.temperature, u.top_p), 0)
+    runs, total, done = [], len(units) * len(seeds) * len(policies), 0
+    for k, (u, seed) in enumerate((u, s) for u in units for s in seeds):
+        order = list(policies[k % len(policies):]) + list(policies[: k % len(policies)])
+        for p in order:
+            choices: Counter = Counter()
+
+            def record(state, step, choices=choices) -> None:  # the (method, action) of every step
+                empty = step.action.tree_size == 0
+                choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}"] += 1
+
+            res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
+                                   Sampling(u.temperature, u.top_p), int(seed), on_step=record)
+            runs.append(_run_record(u, seed, p, res.stats, choices))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return runs
+
+
+def depth_acceptance(runs: Sequence[dict]) -> dict[str, list[float]]:
+    """Per policy: acceptance at depth d = 1.. (sum accepted / sum offered over its runs; NaN if never offered)."""
+    by: dict[str, list[tuple[list[int], list[int]]]] = {}
+    for r in runs:
+        by.setdefault(r["policy"], []).append((r["depth_offered"], r["depth_accepted"]))
+    out = {}
+    for p, pairs in by.items():
+        n = max(len(o) for o, _ in pairs)
+        off = sum(np.pad(np.asarray(o, float), (0, n - len(o))) for o, _ in pairs)
+        acc = sum(np.pad(np.asarray(a, float), (0, n - len(a))) for _, a in pairs)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[p] = (np.asarray(acc)[1:] / np.asarray(off)[1:]).tolist()
+    return out
+
+
+def chosen(runs: Sequence[dict], policy: str) -> dict[str, float]:
+    """Fraction of the policy's steps per ``method:action`` (an empty tree counts as ``autoregressive``)."""
+    counts: Counter = Counter()
+    for r in runs:
+        if r["policy"] == policy:
+            counts.update(r["choices"])
+    total = sum(counts.values())
+    return {k: v / total for k, v in counts.most_common()} if total else {}
+
+
+class Progress:
+    """A one-line progress report with an ETA (printed at most every ``every`` seconds)."""
+
+    def __init__(self, label: str, every: float = 15.0) -> None:
+        self.label, self.every, self.start, self.last = label, every, time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter() - self.start
+        if now - self.last >= self.every or done == total:
+            self.last = now
+            eta = now / done * (total - done) if done else float("nan")
+            print(f"{self.label}: {done}/{total} runs, {now:.0f} s, ETA {eta:.0f} s", flush=True)

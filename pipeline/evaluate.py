@@ -1,0 +1,241 @@
+"""``branchpoint evaluate``: stage evaluate, end-to-end decoding speed of every policy, the report and the findings.
+
+Reads: the TEST trajectories (``trajectories.out``: prompts and their sampling settings), the collected labels
+(``collect.out``: TRAIN roots choose each best static action, TEST roots give the offline TPS, all roots the
+findings), the latency profile (``profile.out``), the exported selector (``export.out``), the pair
+(``model.*``), ``evaluate.train_metrics`` when present. Writes: ``evaluate.metrics`` (metrics/evaluate.json),
+plot data under ``evaluate.plots`` (`dvc plots show`), ``evaluate.report`` (reports/report.md + figures/), one
+MLflow run tagged ``stage=evaluate``. Steps:
+
+1. best static actions on TRAIN labels (`data_collection.online_eval.best_statics`) and their offline TPS on TEST;
+2. policies: autoregressive, chain, each method's best static, the selector (``auto`` and restricted to each
+   of ``evaluate.selector_methods``; `export.runtime.SelectorRuntime`, priced with ``profile.out``);
+3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
+4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive and to Traversal's
+   best static (`data_collection.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
+5. findings from the labels (`data_collection.findings`); the report (`pipeline.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from decoding.errors import UserInputError
+
+LABEL_COLUMNS = ("split", "context_length", "temperature", "top_p", "source", "l1_p_q_prev")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
+    parser.add_argument("--no-selector", action="store_true", help="evaluate without the exported selector")
+
+
+def load_labels(cfg):
+    """``(columns, labels per method, action space)`` of the collected dataset (labels and metadata only)."""
+    import numpy as np
+
+    from data_collection.dataset import load_collected, read_manifest
+
+    manifest = read_manifest(cfg.collect.out)
+    actions = [str(a) for a in cfg.actions.space()]
+    if manifest["actions"] != actions:
+        raise UserInputError(f"{cfg.collect.out} was collected on another action grid ({len(manifest['actions'])} "
+                             f"actions) than actions.* ({len(actions)}); re-collect or set actions.* to its grid "
+                             f"{manifest.get('grid')}")
+    methods = list(manifest["methods"])
+    ds = load_collected(cfg.collect.out)
+    keep = [c for c in (*LABEL_COLUMNS, *(f"E_{m}" for m in methods)) if c in ds.column_names]
+    data = ds.select_columns(keep).with_format("numpy")[:]
+    cols = {c: np.asarray(data[c]) for c in LABEL_COLUMNS if c in data}
+    labels = {m: np.asarray(data[f"E_{m}"], dtype=np.float64) for m in methods}
+    return cols, labels, cfg.actions.space()
+
+
+def pick_units(cfg):
+    """The TEST trajectories to decode: ``evaluate.prompts`` of them, spread over settings and sources."""
+    import hashlib
+
+    from data_collection.trajectories import load_trajectories
+
+    trajs = load_trajectories(cfg.trajectories.out, splits=["test"])
+    if not trajs:
+        raise UserInputError(f"no TEST trajectories in {cfg.trajectories.out}; check prompts.split")
+    seen, units = set(), []
+    for t in sorted(trajs, key=lambda t: hashlib.sha256(f"{cfg.evaluate.seed}|{t.prompt_id}".encode()).hexdigest()):
+        if t.prompt_id not in seen:  # one trajectory (setting) per prompt
+            seen.add(t.prompt_id)
+            units.append(t)
+    n = cfg.evaluate.prompts or len(units)
+    return units[:n], len(units)
+
+
+def build_policies(cfg, statics, space, with_selector: bool):
+    from data_collection.online_eval import AR_ACTION, AUTOREGRESSIVE, EvalPolicy
+
+    policies = [EvalPolicy(AUTOREGRESSIVE, "autoregressive", AUTOREGRESSIVE, AR_ACTION)]
+    for name, (method, a) in statics.items():
+        policies.append(EvalPolicy(name, "chain" if name == "chain" else "static", method, space[a], str(space[a])))
+    runtime = None
+    if with_selector:
+        from export.runtime import SelectorRuntime
+
+        latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
+        runtime = SelectorRuntime(cfg.export.out, latency=latency)
+        policies.append(EvalPolicy("selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}", "selector",
+                                   runtime.methods[0], runtime))
+        if runtime.auto:
+            for m in cfg.evaluate.selector_methods or runtime.methods:
+                if m in runtime.methods:
+                    policies.append(EvalPolicy(f"selector:{m}", "selector", m,
+                                               SelectorRuntime(cfg.export.out, latency=latency, methods=[m])))
+                else:
+                    print(f"evaluate: the selector does not predict {m!r} (it has {runtime.methods}); skipped")
+    return policies, runtime
+
+
+def run(cfg, args) -> int:
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from data_collection import online_eval as oe
+    from data_collection.findings import findings
+    from data_collection.paired_stats import gain_by, policy_table
+    from decoding.engine import SpeculativeDecoder
+    from decoding.latency import LatencyModel
+    from models.loading import eos_ids, load_pair
+    from pipeline.report import clean, write_outputs
+
+    ec = cfg.evaluate
+    start = time.perf_counter()
+    cols, labels, space = load_labels(cfg)
+    methods = list(dict.fromkeys(["traversal", *(ec.methods or cfg.collect.methods)]))
+    missing = [m for m in methods if m not in labels]
+    if missing:
+        raise UserInputError(f"evaluate.methods names {missing}, but {cfg.collect.out} has labels only for "
+                             f"{sorted(labels)}; add them to collect.methods and re-collect, or drop them")
+    latency = LatencyModel.load(cfg.profile.out)
+    T = oe.step_seconds(latency, space, cols["context_length"])  # [N, A]
+    split = cols["split"]
+    fit = split == "train" if (split == "train").any() else np.ones(len(split), bool)
+    test = split == "test"
+    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, methods, ec.chain)
+    offline = oe.offline_tps({m: E[test] for m, E in labels.items()}, T[test], statics, space)
+    tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
+    found = findings(labels, space, cols["temperature"], tv)
+
+    units, available = pick_units(cfg)
+    torch.set_num_threads(cfg.model.threads)
+    pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos_ids(pair.tokenizer, pair.target))
+    with_selector = ec.selector and not args.no_selector
+    policies, runtime = build_policies(cfg, statics, space, with_selector)
+    load_seconds = time.perf_counter() - start
+    print(f"evaluate: {len(units)} of {available} TEST prompts x {len(ec.seeds)} seeds x {len(policies)} policies "
+          f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
+          f"{ec.max_new_tokens} new tokens each", flush=True)
+    decode_start = time.perf_counter()
+    runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup,
+                           oe.Progress("evaluate"))
+    decode_seconds = time.perf_counter() - decode_start
+
+    df = pd.DataFrame(runs)
+    trav = "static:traversal"
+    refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": trav}
+    table = policy_table(df, refs, ec.ci, ec.bootstrap, ec.seed)
+    table = {p.name: table[p.name] for p in policies}  # in the order of the policies
+    names = [p.name for p in policies]
+    gains = {col: {ref: gain_by(df, col, names, refv, ec.ci, ec.bootstrap, ec.seed) for ref, refv in refs.items()}
+             for col in ("temperature", "source")}
+    for p in policies:
+        table[p.name].update({"kind": p.kind, "method": p.method, "action": p.action})
+        if p.name in offline:
+            table[p.name]["offline"] = offline[p.name]
+    train_metrics = None
+    if Path(ec.train_metrics).is_file():
+        train_metrics = json.loads(Path(ec.train_metrics).read_text())
+    metrics = {
+        "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "threads": cfg.model.threads},
+        "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
+                  "max_new_tokens": ec.max_new_tokens, "runs": len(runs)},
+        "seconds": {"load": load_seconds, "decode": decode_seconds, "total": time.perf_counter() - start},
+        "policies": table, "gain_by_temperature": gains["temperature"], "gain_by_source": gains["source"],
+        "acceptance_by_depth": oe.depth_acceptance(runs),
+        "chosen": {p.name: oe.chosen(runs, p.name) for p in policies if p.kind == "selector"},
+        "offline": {"test_roots": int(test.sum()), "fit_roots": int(fit.sum()), "statics": offline,
+                    "selector": _train_summary(train_metrics)},
+        "findings": found,
+        "note": ("tokens/s = sum new tokens / sum wall seconds (prefill included) over prompts x seeds; intervals: "
+                 f"{ec.ci:.0%} percentile bootstrap over prompts ({ec.bootstrap} resamples), paired by prompt and seed "
+                 "for ratios; offline = realized TPS from TEST labels and the latency profile; best statics chosen "
+                 "on TRAIN labels"),
+    }
+    if runtime is not None:
+        metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
+                               "feature_set": runtime.schema.feature_set}
+    for name in ("selector:auto", trav):
+        if name in table:  # the headline ratios, flat for `dvc metrics diff`
+            key = name.replace(":", "_")
+            metrics[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
+            if "tps_vs_traversal_best_static" in table[name]:
+                metrics[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
+    paths = write_outputs(cfg, metrics, runs)
+    _write_json(Path(ec.metrics), clean(metrics))
+    print(paths["summary"])
+    print(f"evaluate: {len(runs)} runs in {decode_seconds:.0f} s (total {metrics['seconds']['total']:.0f} s) -> "
+          f"{ec.metrics}, {ec.report}, {ec.plots}/")
+    if not args.no_mlflow:
+        _log_mlflow(cfg, metrics, paths)
+    return 0
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Temp file, then rename; keys keep their order (the policies' order is the report's)."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _train_summary(train_metrics: dict | None) -> dict | None:
+    """The offline TEST table of the trained selector (metrics/train.json of stage train), when present."""
+    if not train_metrics:
+        return None
+    test = train_metrics.get("test") or train_metrics.get("val") or {}
+    keep = ("roots", "tps", "selector_vs_best_static", "selector_vs_oracle", "selector_vs_autoregressive",
+            "selector_vs_traversal_best_static", "best_static", "by_method")
+    out = {k: test[k] for k in keep if k in test}
+    out.update({k: train_metrics.get(k) for k in ("method", "feature_set", "objective")})
+    return out
+
+
+def _log_mlflow(cfg, metrics: dict, paths: dict) -> None:
+    import mlflow
+
+    from pipeline.report import clean
+    from pipeline.tracking import start_run
+
+    flat = {}
+    for name, e in metrics["policies"].items():
+        k = name.replace(":", "_")
+        flat[f"{k}/tokens_per_second"] = e["tokens_per_second"]["value"]
+        flat[f"{k}/block_efficiency"] = e["block_efficiency"]["value"]
+        for ref in ("autoregressive", "traversal_best_static"):
+            if f"tps_vs_{ref}" in e:
+                flat[f"{k}/tps_vs_{ref}"] = e[f"tps_vs_{ref}"]["value"]
+    with start_run(cfg, "evaluate"):
+        ec = cfg.evaluate
+        mlflow.log_params({"prompts": ec.prompts, "seeds": ",".join(map(str, ec.seeds)),
+                           "max_new_tokens": ec.max_new_tokens, "methods": ",".join(ec.methods),
+                           "selector": cfg.export.out if "selector" in metrics else "-",
+                           "target": cfg.model.target, "draft": cfg.model.draft})
+        mlflow.log_metrics({k: float(v) for k, v in flat.items() if v == v})
+        mlflow.log_artifact(cfg.evaluate.report, "report")
+        for p in paths["figures"]:
+            mlflow.log_artifact(str(p), "report/figures")
+        mlflow.log_dict(clean(metrics), "evaluate.json")

@@ -1,0 +1,258 @@
+"""The evaluate stage's outputs besides its metrics: plot data for `dvc plots show`, PNG figures and the report.
+
+Plot data (``evaluate.plots``; the plot definitions are the top-level ``plots:`` of dvc.yaml):
+- ``tps_by_policy.csv``: policy, tokens/s with its interval, block efficiency, ratio to autoregressive online
+  and offline;
+- ``gain_by_temperature.csv`` / ``gain_by_source.csv``: ``group`` ("<value> | <policy>") and the paired tokens/s
+  ratio to autoregressive with its interval;
+- ``acceptance_by_depth.csv``: depth and the per-depth acceptance of the chain, Traversal's best static and the
+  selector online, and of the chain from the labels (fixed column names; empty where a policy is absent);
+- ``chosen_actions.csv``: the selector's (``auto``) share of steps per ``method:action``.
+The report (``evaluate.report``) shows the same data as PNGs in ``figures/`` next to it, the evaluation table,
+the online-vs-offline comparison and the findings.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+DEPTH_COLUMNS = {"chain": "chain", "static_traversal": "static:traversal", "selector_auto": "selector:auto"}
+
+
+def clean(obj):
+    """JSON-safe: non-finite floats become None (dvc and browsers reject NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return clean(obj.item())
+    return obj
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for r in rows:
+            w.writerow(["" if isinstance(v, float) and not math.isfinite(v) else
+                        (f"{v:.6g}" if isinstance(v, float) else v) for v in r])
+    os.replace(tmp, path)
+    return path
+
+
+def _ci(e: dict | None, fmt: str = "{:.2f}") -> str:
+    if not e or e.get("value") is None:
+        return "-"
+    lo, hi = e.get("low"), e.get("high")
+    ok = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
+    return fmt.format(e["value"]) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if ok else "")
+
+
+def plot_data(metrics: dict, folder: Path) -> list[Path]:
+    pol = metrics["policies"]
+    rows = [[name, e["tokens_per_second"]["value"], e["tokens_per_second"]["low"], e["tokens_per_second"]["high"],
+             e["block_efficiency"]["value"], e.get("tps_vs_autoregressive", {}).get("value", float("nan")),
+             (e.get("offline") or {}).get("vs_autoregressive", float("nan"))] for name, e in pol.items()]
+    out = [_write_csv(folder / "tps_by_policy.csv", ["policy", "tokens_per_second", "low", "high", "block_efficiency",
+                                                      "tps_vs_autoregressive", "offline_tps_vs_autoregressive"], rows)]
+    for by in ("temperature", "source"):
+        g = metrics[f"gain_by_{by}"].get("autoregressive", {})
+        rows = [[f"{'T=' if by == 'temperature' else ''}{value} | {p}", r["value"], r["low"], r["high"]]
+                for value, per in g.items() for p, r in per.items()]
+        out.append(_write_csv(folder / f"gain_by_{by}.csv", ["group", "tps_vs_autoregressive", "low", "high"], rows))
+    acc = metrics["acceptance_by_depth"]
+    labels = (metrics["findings"]["claim3_ot_acceptance_falls_with_depth"] or {}).get("chain_acceptance", [])
+    depth = max([len(acc.get(p, [])) for p in DEPTH_COLUMNS.values()] + [len(labels), 1])
+    rows = [[d + 1, *[(acc.get(p) or [])[d] if d < len(acc.get(p) or []) else float("nan")
+                      for p in DEPTH_COLUMNS.values()],
+             labels[d] if d < len(labels) else float("nan")] for d in range(depth)]
+    out.append(_write_csv(folder / "acceptance_by_depth.csv", ["depth", *DEPTH_COLUMNS, "chain_from_labels"],
+                          [[(float("nan") if v is None else v) for v in r] for r in rows]))
+    chosen = metrics["chosen"].get("selector:auto") or next(iter(metrics["chosen"].values()), {})
+    out.append(_write_csv(folder / "chosen_actions.csv", ["choice", "fraction"], [[k, v] for k, v in chosen.items()]))
+    return out
+
+
+def figures(metrics: dict, folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pol = metrics["policies"]
+    names = list(pol)
+    out = []
+
+    def save(fig, name: str) -> None:
+        path = folder / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+
+    def err(es):
+        return [[e["value"] - (e["low"] if e["low"] is not None else e["value"]) for e in es],
+                [(e["high"] if e["high"] is not None else e["value"]) - e["value"] for e in es]]
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 1.6), sharey=True)
+    tps = [pol[n]["tokens_per_second"] for n in names]
+    a1.barh(names, [e["value"] for e in tps], xerr=err(tps), color="#4c78a8", capsize=3)
+    a1.set_xlabel("tokens/s (online, 95% CI)")
+    a1.invert_yaxis()
+    ratio = [pol[n].get("tps_vs_autoregressive") or {"value": math.nan, "low": None, "high": None} for n in names]
+    a2.barh(names, [e["value"] for e in ratio], xerr=err(ratio), color="#72b7b2", capsize=3, label="online")
+    off = [(pol[n].get("offline") or {}).get("vs_autoregressive", math.nan) for n in names]
+    a2.scatter(off, names, color="#e45756", zorder=3, label="offline (TEST labels)")
+    a2.axvline(1.0, color="gray", ls="--", lw=1)
+    a2.set_xlabel("tokens/s ratio to autoregressive")
+    a2.legend(loc="lower right", fontsize=8)
+    save(fig, "tps_by_policy.png")
+
+    for by in ("temperature", "source"):
+        g = metrics[f"gain_by_{by}"].get("autoregressive", {})
+        groups = [(v, p, r) for v, per in g.items() for p, r in per.items()]
+        if not groups:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 0.3 * len(groups) + 1.4))
+        labels = [f"{'T=' if by == 'temperature' else ''}{v} | {p}" for v, p, _ in groups]
+        ax.barh(labels, [r["value"] for *_, r in groups], xerr=err([r for *_, r in groups]), color="#54a24b",
+                capsize=2)
+        ax.axvline(1.0, color="gray", ls="--", lw=1)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"tokens/s ratio to autoregressive, by {by} (paired, 95% CI)")
+        save(fig, f"gain_by_{by}.png")
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for name, acc in metrics["acceptance_by_depth"].items():
+        if acc and any(a is not None and a == a for a in acc):
+            ax.plot(range(1, len(acc) + 1), [math.nan if a is None else a for a in acc], marker="o", label=name)
+    c3 = metrics["findings"]["claim3_ot_acceptance_falls_with_depth"]
+    if c3.get("chain_acceptance"):
+        acc = c3["chain_acceptance"]
+        ax.plot(range(1, len(acc) + 1), acc, "k--", marker="x", label=f"chain from labels ({c3['chain_method']})")
+    ax.set_xlabel("depth")
+    ax.set_ylabel("acceptance at depth")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    save(fig, "acceptance_by_depth.png")
+
+    chosen = metrics["chosen"].get("selector:auto") or next(iter(metrics["chosen"].values()), {})
+    if chosen:
+        top = list(chosen.items())[:15]
+        fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(top) + 1.3))
+        ax.barh([k for k, _ in top], [v for _, v in top], color="#f58518")
+        ax.invert_yaxis()
+        ax.set_xlabel("share of the selector's steps (online)")
+        save(fig, "chosen_actions.png")
+    return out
+
+
+def evaluation_table(metrics: dict) -> str:
+    rows = ["| policy | action | block efficiency | tokens/s | vs autoregressive | vs Traversal best static | "
+            "offline vs AR |", "|---|---|---|---|---|---|---|"]
+    for name, e in metrics["policies"].items():
+        off = (e.get("offline") or {}).get("vs_autoregressive")
+        rows.append(f"| {name} | {e.get('action') or '-'} | {_ci(e['block_efficiency'])} | "
+                    f"{_ci(e['tokens_per_second'], '{:.1f}')} | {_ci(e.get('tps_vs_autoregressive'))} | "
+                    f"{_ci(e.get('tps_vs_traversal_best_static'))} | {'-' if off is None else f'{off:.2f}'} |")
+    return "\n".join(rows)
+
+
+def _selector_offline(sel: dict | None) -> str:
+    if not sel or "tps" not in sel:
+        return "No `metrics/train.json` (stage train) was found: the trained selector's offline table is absent."
+    t = sel["tps"]
+    lines = [f"Trained selector ({sel.get('method')}, {sel.get('feature_set')}, {sel.get('objective')}) on "
+             f"{sel.get('roots')} TEST roots, offline (labels + latency profile): "
+             f"{t.get('selector', math.nan):.1f} tokens/s = {sel.get('selector_vs_autoregressive', math.nan):.2f}x "
+             f"autoregressive, {sel.get('selector_vs_traversal_best_static', math.nan):.2f}x Traversal's best static, "
+             f"{sel.get('selector_vs_best_static', math.nan):.2f}x its best static ({sel.get('best_static')}), "
+             f"{sel.get('selector_vs_oracle', math.nan):.2f}x the oracle."]
+    for m, e in (sel.get("by_method") or {}).items():
+        lines.append(f"- restricted to {m}: {e['tps_selector_this_method']:.1f} tokens/s offline vs its best static "
+                     f"{e['best_static']} {e['tps_best_static']:.1f}")
+    return "\n".join(lines)
+
+
+def headline(metrics: dict) -> str:
+    pol = metrics["policies"]
+    sel = pol.get("selector:auto") or next((e for n, e in pol.items() if n.startswith("selector:")), None)
+    trav = pol.get("static:traversal")
+    parts = []
+    if sel:
+        parts.append(f"The selector decodes at {_ci(sel['tokens_per_second'], '{:.1f}')} tokens/s: "
+                     f"{_ci(sel.get('tps_vs_autoregressive'))}x autoregressive and "
+                     f"{_ci(sel.get('tps_vs_traversal_best_static'))}x Traversal's best static action "
+                     "(the paper reports 1.05x over Traversal on its GPU pairs).")
+    if trav:
+        parts.append(f"Traversal's best static ({trav.get('action')}) runs at {_ci(trav.get('tps_vs_autoregressive'))}x "
+                     f"autoregressive with block efficiency {_ci(trav['block_efficiency'])}.")
+    return " ".join(parts)
+
+
+def report_markdown(metrics: dict, figure_names: list[str]) -> str:
+    u, s = metrics["units"], metrics["seconds"]
+    from data_collection.findings import markdown as findings_md
+
+    fig = {Path(n).stem: f"figures/{Path(n).name}" for n in figure_names}
+    img = lambda key, alt: f"![{alt}]({fig[key]})" if key in fig else ""  # noqa: E731
+    off = metrics["offline"]
+    return "\n".join([
+        "# branchpoint: evaluation report", "",
+        f"Pair: target `{metrics['pair']['target']}`, draft `{metrics['pair']['draft']}`, "
+        f"{metrics['pair']['threads']} CPU threads. {u['prompts']} TEST prompts (of {u['available_test_prompts']}) x "
+        f"{len(u['seeds'])} seed(s), {u['max_new_tokens']} new tokens, each prompt at its own sampling setting; "
+        f"{u['runs']} decodes in {s['decode']:.0f} s.", "",
+        "## Headline", "", headline(metrics), "",
+        "## End-to-end decoding", "",
+        "Tokens/s = new tokens / wall seconds (prefill included), summed over prompts and seeds; brackets: 95% "
+        "bootstrap intervals over prompts, ratios paired by prompt and seed. Best static actions were chosen on "
+        "TRAIN labels; *offline vs AR* is the same policy's realized TPS on the TEST labels with the latency "
+        "profile, the number the selector is trained to maximise.", "",
+        evaluation_table(metrics), "", img("tps_by_policy", "tokens/s by policy"), "",
+        "## Online vs offline", "",
+        f"Offline numbers use {off['test_roots']} TEST roots (statics fitted on {off['fit_roots']} TRAIN roots). "
+        "Where online and offline disagree, the latency profile or the per-step overheads the profile does not see "
+        "(selector features and inference, cache pruning, Python) are the first suspects.", "",
+        _selector_offline(off.get("selector")), "",
+        "## Where the time goes", "",
+        img("gain_by_temperature", "gain by temperature"), img("gain_by_source", "gain by prompt source"), "",
+        img("acceptance_by_depth", "acceptance by depth"), img("chosen_actions", "chosen actions"), "",
+        "## Findings from the collected labels", "",
+        findings_md(metrics["findings"]), "",
+    ])
+
+
+def summary_text(metrics: dict) -> str:
+    lines = [f"{'policy':22s} {'action':8s} {'BE':>6s} {'tok/s':>7s} {'xAR':>6s} {'xTrav':>6s} {'offline xAR':>11s}"]
+    for name, e in metrics["policies"].items():
+        def v(key, e=e):
+            x = (e.get(key) or {}).get("value")
+            return math.nan if x is None else x
+        off = (e.get("offline") or {}).get("vs_autoregressive", math.nan)
+        lines.append(f"{name:22s} {e.get('action') or '-':8s} {e['block_efficiency']['value']:6.2f} "
+                     f"{e['tokens_per_second']['value']:7.1f} {v('tps_vs_autoregressive'):6.2f} "
+                     f"{v('tps_vs_traversal_best_static'):6.2f} {off:11.2f}")
+    return "\n".join(lines)
+
+
+def write_outputs(cfg, metrics: dict, runs: list[dict]) -> dict:
+    """Plot data, figures and the report; returns their paths and a console summary."""
+    ec = cfg.evaluate
+    report = Path(ec.report)
+    data = plot_data(metrics, Path(ec.plots))
+    figs = figures(metrics, report.parent / "figures")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    tmp = report.with_name(f".{report.name}.tmp{os.getpid()}")
+    tmp.write_text(report_markdown(metrics, [str(p) for p in figs]))
+    os.replace(tmp, report)
+    return {"plots": data, "figures": figs, "report": report, "summary": summary_text(metrics)}

@@ -1,0 +1,145 @@
+"""``branchpoint evaluate`` end to end on a tiny saved pair: tiny trajectories, a tiny collected dataset (the
+collection core and the shard writer of `branchpoint collect`), a toy latency profile and an exported random
+selector; checks every output (metrics, plot data, report and figures, MLflow run)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
+
+from decoding.actions import parse_action
+
+METHODS = ["traversal", "specinfer", "gbv"]
+SETTINGS = [(1.0, 1.0), (0.6, 0.95)]
+SPLITS = ["train", "train", "train", "train", "test", "test", "test"]
+
+
+def _trajectories(rng):
+    from data_collection.trajectories import Trajectory
+
+    out = []
+    for i, split in enumerate(SPLITS):
+        temp, top_p = SETTINGS[i % 2]
+        out.append(Trajectory(f"p{i}", f"src{i % 2}", split, temp, top_p, 0,
+                              [1, *map(int, rng.integers(3, 64, 6))], [int(x) for x in rng.integers(3, 64, 30)]))
+    return out
+
+
+def _collect(pair, trajs, out):
+    from data_collection.collect import RootCollector
+    from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests, write_json_atomic
+    from decoding.features import FeatureSchema
+    from decoding.sampling import Sampling
+    from pipeline.collect import _table, trajectory_key
+
+    collector = RootCollector(pair.target, pair.draft, pair.vocab_size, SPACE, METHODS, num_trees=2, seed=0)
+    hidden = {"target": int(pair.target.config.hidden_size), "draft": int(pair.draft.config.hidden_size)}
+    header = {"format_version": FORMAT_VERSION, "config_hash": "tiny-eval", "config": {"tiny": True},
+              "pair": {"target": "tiny", "draft": "tiny", "hidden_sizes": hidden, "vocab_size": pair.vocab_size},
+              "actions": [str(a) for a in SPACE], "methods": METHODS, "num_trees": 2, "root_stride": 5,
+              "grid": {"K": [1, 2], "L1": [0, 2], "L2": [0, 2]},
+              "schema": FeatureSchema.for_pair("paper", hidden["target"], hidden["draft"]).to_dict(),
+              "shard": {"index": 0, "count": 1}}
+    writer = ShardWriter(out, 0, 1, header)
+    rows = []
+    for t in trajs:
+        seq = list(t.prompt_ids) + list(t.continuation_ids)
+        positions = list(range(len(t.prompt_ids), len(seq), 5))
+        rows.append(collector.collect(seq, positions, Sampling(t.temperature, t.top_p), trajectory_key(t)))
+    writer.write(0, _table(trajs, rows, METHODS, len(SPACE)))
+    writer.manifest["complete"] = True
+    write_json_atomic(writer.path, writer.manifest)
+    merge_manifests(out)
+
+
+@pytest.fixture(scope="module")
+def params(tmp_path_factory):
+    import torch
+
+    from data_collection.trajectories import save_trajectories
+    from export.onnx_export import export_selector
+    from models.loading import load_pair
+    from models.tiny import save_tiny_model
+
+    root = tmp_path_factory.mktemp("eval")
+    t = save_tiny_model(root / "target", 2, seed=0)
+    d = save_tiny_model(root / "draft", 1, seed=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pair = load_pair(f"hf:{t}", f"hf:{d}", "cpu", "float32")
+        trajs = _trajectories(np.random.default_rng(0))
+        save_trajectories(root / "traj", trajs, {"target": f"hf:{t}"})
+        _collect(pair, [x for x in trajs if x.split != "draft"], root / "collect")
+    finally:
+        torch.set_num_threads(before)
+    toy_latency().save(root / "latency.json")
+    net, meta, schema = random_selector("paper", methods=tuple(METHODS), hidden=(32, 32), seed=2)
+    inputs = random_inputs(schema, 16, seed=1)
+    lat = toy_latency()
+    ctx = inputs["scalars"][:, schema.scalars.index("context_length")]
+    seconds = np.stack([np.tile(lat.step_seconds(int(c), list(SPACE), features="paper"), len(METHODS)) for c in ctx])
+    export_selector(net, meta, root / "selector", inputs, seconds.astype(np.float32))
+    path = root / "params.yaml"
+    path.write_text(
+        f"model:\n  target: hf:{t}\n  draft: hf:{d}\n  device: cpu\n  threads: 1\n"
+        "actions:\n  K: [1, 2]\n  L1: [0, 2]\n  L2: [0, 2]\n"
+        f"trajectories:\n  out: {root / 'traj'}\n"
+        f"collect:\n  out: {root / 'collect'}\n  methods: [{', '.join(METHODS)}]\n"
+        f"profile:\n  out: {root / 'latency.json'}\n"
+        f"export:\n  out: {root / 'selector'}\n"
+        f"tracking:\n  uri: sqlite:///{root / 'mlflow.db'}\n  experiment: eval-test\n"
+        "evaluate:\n  prompts: 2\n  seeds: [0, 1]\n  max_new_tokens: 8\n  methods: [specinfer, gbv]\n"
+        "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n"
+        f"  train_metrics: {root / 'train.json'}\n  metrics: {root / 'out/evaluate.json'}\n"
+        f"  plots: {root / 'out/plots'}\n  report: {root / 'out/reports/report.md'}\n")
+    return root, path
+
+
+def test_evaluate_stage_writes_every_output(params, capsys):
+    from pipeline.cli import main
+
+    root, path = params
+    assert main(["evaluate", "--params", str(path)]) == 0
+    printed = capsys.readouterr().out
+    m = json.loads((root / "out/evaluate.json").read_text())
+    names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "selector:auto",
+             "selector:traversal", "selector:gbv"]
+    assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 32}
+    for name, e in m["policies"].items():
+        assert e["units"] == 4 and e["prompts"] == 2
+        r = e["tokens_per_second"]
+        assert r["value"] > 0 and r["low"] <= r["value"] <= r["high"], name
+        assert e["block_efficiency"]["value"] >= 1.0
+    ar = m["policies"]["autoregressive"]
+    assert ar["block_efficiency"]["value"] == 1.0 and ar["tps_vs_autoregressive"]["value"] == pytest.approx(1.0)
+    assert m["policies"]["static:traversal"]["tps_vs_traversal_best_static"]["value"] == pytest.approx(1.0)
+    chain = parse_action(m["policies"]["chain"]["action"])
+    assert chain.is_chain and chain.tree_size > 0 and m["policies"]["chain"]["method"] == "naive"
+    for name in ("static:traversal", "static:specinfer", "static:gbv"):
+        assert parse_action(m["policies"][name]["action"]).tree_size > 0
+        assert m["policies"][name]["offline"]["tps"] > 0
+    # the restricted selectors never chose another method's output
+    for method in ("traversal", "gbv"):
+        used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
+        assert used <= {method, "autoregressive"}, used
+    assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
+    assert set(m["gain_by_temperature"]["autoregressive"]) == {"0.6", "1.0"}
+    assert m["findings"]["gbv"]["testable"] and m["findings"]["claim1_traversal_beats_ot_at_root_branching"]["testable"]
+    assert m["offline"]["selector"] is None and m["offline"]["test_roots"] > 0
+    for f in ("tps_by_policy", "gain_by_temperature", "gain_by_source", "acceptance_by_depth", "chosen_actions"):
+        assert (root / f"out/plots/{f}.csv").stat().st_size > 20
+    report = (root / "out/reports/report.md").read_text()
+    figures = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
+    assert len(figures) >= 4 and all((root / "out/reports" / f).is_file() for f in figures)
+    assert "| selector:auto |" in report and "GBV vs Traversal" in report and "static:traversal" in printed
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["eval-test"])
+    assert len(runs) == 1 and runs["tags.stage"][0] == "evaluate"
+    assert runs["metrics.selector_auto/tokens_per_second"][0] > 0

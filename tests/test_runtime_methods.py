@@ -1,0 +1,69 @@
+"""`SelectorRuntime(..., methods=[...])`: an ``auto`` selector restricted to some of its methods (numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
+
+from decoding.sampling import Sampling
+from decoding.selector import RootFeatures
+from export.onnx_export import export_selector
+from export.runtime import SelectorArtifactError, SelectorRuntime
+
+METHODS = ("traversal", "specinfer", "bv")
+
+
+def _seconds(schema, inputs):
+    lat = toy_latency()
+    ctx = inputs["scalars"][:, schema.scalars.index("context_length")]
+    per = np.stack([lat.step_seconds(int(c), list(SPACE), features=schema.feature_set) for c in ctx])
+    return np.tile(per, (1, len(METHODS))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    net, meta, schema = random_selector("paper", methods=METHODS, seed=3)
+    inputs = random_inputs(schema, 32, seed=1)
+    out = tmp_path_factory.mktemp("sel") / "selector"
+    export_selector(net, meta, out, inputs, _seconds(schema, inputs))
+    return out
+
+
+def test_restricted_choice_is_the_argmax_over_that_methods_valid_outputs(folder):
+    full = SelectorRuntime(folder, latency=toy_latency())
+    inputs = random_inputs(full.schema, 200, seed=5)
+    seconds = _seconds(full.schema, inputs)
+    e, unrestricted = full.decide(inputs, seconds)
+    for only in (["specinfer"], ["bv"], ["traversal", "bv"]):
+        rt = SelectorRuntime(folder, latency=toy_latency(), methods=only)
+        _, choice = rt.decide(inputs, seconds)
+        assert {rt.table[c][0] for c in choice} <= set(only)
+        assert rt.valid[choice].all()  # bv's branching-tree outputs are invalid: never chosen
+        allowed = np.array([m in only for m, _ in rt.table]) & rt.valid
+        want = np.argmax(np.where(allowed, e / seconds, -np.inf), axis=1)
+        np.testing.assert_array_equal(choice, want)
+        # where the free choice already was an allowed output, the restriction changes nothing
+        same = allowed[unrestricted]
+        np.testing.assert_array_equal(choice[same], unrestricted[same])
+        assert not same.all() or only == ["traversal", "bv"], f"the restriction to {only} never mattered"
+    both = SelectorRuntime(folder, latency=toy_latency(), methods=list(METHODS))
+    np.testing.assert_array_equal(both.decide(inputs, seconds)[1], unrestricted)
+
+
+def test_restricted_select_returns_only_that_method(folder):
+    rt = SelectorRuntime(folder, latency=toy_latency(), methods=["specinfer"])
+    assert "restricted to ['specinfer']" in repr(rt)
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        p = rng.dirichlet(np.ones(8))
+        root = RootFeatures(50 + 40 * i, Sampling(0.7), p, rng.dirichlet(np.ones(8)), p, rng.normal(size=12),
+                            rng.normal(size=8), rng.normal(size=8))
+        choice = rt.select(root)
+        assert choice.method == "specinfer" and choice.action in SPACE
+
+
+@pytest.mark.parametrize("methods", [["gbv"], []])
+def test_unknown_or_empty_restriction_fails_clearly(folder, methods):
+    with pytest.raises(SelectorArtifactError, match="cannot restrict the selector"):
+        SelectorRuntime(folder, latency=toy_latency(), methods=methods)
