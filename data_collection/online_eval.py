@@ -32,7 +32,7 @@ from .findings import chain_source
 try:  # the offline-throughput arithmetic moves below models/ (decoding/throughput.py) with selector training
     from decoding import throughput
 except ImportError:  # pragma: no cover - before that merge
-    from data_collection import throughput
+    from decoding import throughput
 
 AUTOREGRESSIVE = "autoregressive"
 CHAIN = "chain"

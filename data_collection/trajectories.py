@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_collection.prompts import SPLITS
+from decoding.errors import UserInputError
 
 PARQUET_FILE = "trajectories.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -34,7 +35,7 @@ COLUMNS = ("prompt_id", "source", "split", "temperature", "top_p", "sample", "pr
 REBUILD = "rebuild it with `branchpoint trajectories` (or `dvc repro trajectories`)"
 
 
-class TrajectoryError(ValueError):
+class TrajectoryError(UserInputError):
     """A trajectories folder that is missing, corrupt, or does not match what the caller needs."""
 
 

@@ -72,8 +72,9 @@ def build_sidecar(meta: Mapping, onnx_sha256: str, parity: dict, versions: dict)
                     "table": output_table(outputs), "names": list(OUTPUTS)},
         "decision": "choice = argmax over valid outputs of expected_block_efficiency / step_seconds; "
                     "step_seconds[o] = LatencyModel.step_seconds(context_length, actions, features=feature_set) "
-                    "of output o's action (decoding/latency.py), tiled over methods",
+                    "of output o's action (decoding/latency.py) + inference_seconds, tiled over methods",
         "latency_profile": meta.get("latency"),
+        "inference_seconds": float(meta.get("inference_seconds") or 0.0),  # charged to every decided step
         "objective": meta.get("objective"), "feature_set": meta["feature_set"],
         "pair": meta.get("pair"), "dataset": meta.get("dataset"), "sampling_range": meta.get("sampling_range"),
         "training_metrics": meta.get("metrics"), "parity": parity, "versions": versions,

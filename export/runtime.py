@@ -118,8 +118,10 @@ class SelectorRuntime:
                                         f"schema {expected}; the sidecar and the ONNX file are from different exports")
 
     def step_seconds(self, context_length: int) -> np.ndarray:
-        """``[outputs]`` T(c, a) of every output at this context length, features' cost included."""
+        """``[outputs]`` T(c, a) of every output at this context length: the step as the latency model prices it
+        with the features' cost, plus the selector's own inference time (what training charged)."""
         per_action = self.latency.step_seconds(int(context_length), self.actions, features=self.schema.feature_set)
+        per_action = per_action + float(self.sidecar.get("inference_seconds") or 0.0)
         return np.tile(per_action, len(self.methods)).astype(np.float32)
 
     def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,15 +9,104 @@ exported into the ONNX graph), so callers hand raw features.
 Architecture: each hidden-state input -> Linear(H, proj) -> LayerNorm; concatenated with the
 standardized scalars -> Linear -> GELU -> Dropout -> Linear -> GELU -> Dropout -> Linear to one output per
 action (or per (method, action) for ``method: auto``). Output o is the predicted expected block
-efficiency Ê of output o's action; the decision (`argmax Ê / T`) is not part of the network.
+efficiency Ê of output o's action; the decision (`argmax Ê / T`, `decoding.throughput.choose`) is not
+part of the network.
+
+Output layout (`OutputLayout`): ``method: <name>`` has one output per action of the grid, in
+`ActionSpace` order; ``method: auto`` has one output per (method, action), method-major: output
+``o = i_method * A + i_action``. Outputs whose method does not apply to their action (NaN labels) are
+marked invalid and never chosen, and so are duplicate steps (`OutputLayout.distinct`).
+
+A trained selector on disk (`save_selector` / `load_selector`; the ONNX export reads exactly this):
+
+    <folder>/selector.safetensors   the state dict (weights and the standardization buffers)
+    <folder>/selector.json          meta: format, architecture, ``feature_set``, ``schema``
+                                    (`decoding.features.FeatureSchema.to_dict`), ``outputs`` (the layout's
+                                    ``to_dict`` + ``valid``), ``objective``, ``latency`` (the profile,
+                                    `LatencyModel.to_dict`), ``metrics``, ``sampling_range``, ``pair``,
+                                    ``dataset`` (path, config hash, roots per split), git revision
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from decoding.actions import Action, parse_action
+from decoding.errors import UserInputError
+
+FORMAT = "branchpoint-selector"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "selector.safetensors"
+META_FILE = "selector.json"
+AUTO = "auto"
+
+
+class SelectorLoadError(UserInputError):
+    """A selector folder that is missing, incomplete or of another format."""
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """What each output of a selector predicts: Ê of (method, action) (see module docstring)."""
+
+    methods: tuple[str, ...]  # one method, or every method of ``method: auto``
+    actions: tuple[Action, ...]  # the action grid, in ActionSpace order
+    auto: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.methods or not self.actions:
+            raise ValueError("an output layout needs at least one method and one action")
+        if not self.auto and len(self.methods) != 1:
+            raise ValueError(f"a single-method layout has exactly one method, got {list(self.methods)}")
+
+    @property
+    def size(self) -> int:
+        return len(self.methods) * len(self.actions)
+
+    def index(self, method: str, action: Action) -> int:
+        return self.methods.index(method) * len(self.actions) + self.actions.index(action)
+
+    def output(self, o: int) -> tuple[str, Action]:
+        """(method, action) of output ``o``."""
+        return self.methods[o // len(self.actions)], self.actions[o % len(self.actions)]
+
+    def method_outputs(self, method: str) -> slice:
+        """The outputs of one method (a contiguous block)."""
+        start = self.methods.index(method) * len(self.actions)
+        return slice(start, start + len(self.actions))
+
+    def distinct(self) -> list[bool]:
+        """Per output: False for a duplicate step. A tree of size 0 (``L1 = L2 = 0``) is one plain target
+        step under every method and K: only its first output counts. ``L2 = 0`` chains differ only in K,
+        which changes nothing (`ActionSpace.canonical`): only the smallest K counts. Decisions never pick a
+        duplicate (its label equals its representative's), so the chosen-output histogram names each step
+        once and the argmax is not biased toward steps that have many copies."""
+        k_min = min(a.K for a in self.actions)
+        out, seen_empty = [], False
+        for _, a in (self.output(o) for o in range(self.size)):
+            if a.tree_size == 0:
+                out.append(not seen_empty)
+                seen_empty = True
+            else:
+                out.append(a.L2 > 0 or a.K == k_min)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"method": AUTO if self.auto else self.methods[0], "auto": self.auto, "methods": list(self.methods),
+                "actions": [str(a) for a in self.actions],
+                "order": "method-major: output o = i_method * len(actions) + i_action"}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> OutputLayout:
+        auto = bool(d["auto"]) if "auto" in d else d.get("method") == AUTO
+        return cls(tuple(d["methods"]), tuple(parse_action(a) for a in d["actions"]), auto)
 
 
 class SelectorNet(nn.Module):
@@ -26,6 +115,9 @@ class SelectorNet(nn.Module):
     def __init__(self, hidden_sizes: Mapping[str, int], num_scalars: int, num_outputs: int, proj: int = 128,
                  widths: Sequence[int] = (512, 32), dropout: float = 0.1) -> None:
         super().__init__()
+        self.architecture = {"hidden_sizes": {k: int(v) for k, v in hidden_sizes.items()},
+                             "num_scalars": int(num_scalars), "num_outputs": int(num_outputs), "proj": int(proj),
+                             "widths": [int(w) for w in widths], "dropout": float(dropout)}
         self.hidden_names = tuple(hidden_sizes)
         self.input_names = (*self.hidden_names, "scalars")
         self.num_scalars, self.num_outputs = int(num_scalars), int(num_outputs)
@@ -58,6 +150,61 @@ class SelectorNet(nn.Module):
         """``inputs`` in `input_names` order -> ``[B, num_outputs]`` predicted Ê."""
         if len(inputs) != len(self.input_names):
             raise ValueError(f"SelectorNet expects inputs {self.input_names}, got {len(inputs)} tensors")
-        parts = [self.proj[name](self._standardize(name, x)) for name, x in zip(self.hidden_names, inputs)]
+        parts = [self.proj[name](self._standardize(name, x)) for name, x in zip(self.hidden_names, inputs[:-1], strict=True)]
         parts.append(self._standardize("scalars", inputs[-1]))
         return self.mlp(torch.cat(parts, dim=-1))
+
+
+def save_selector(folder: str | Path, net: SelectorNet, meta: Mapping) -> Path:
+    """Write ``net`` (weights + standardization buffers, safetensors) and ``meta`` (JSON) into ``folder``.
+
+    ``meta`` must hold ``feature_set``, ``schema`` and ``outputs`` (an `OutputLayout.to_dict` plus
+    ``valid``: one bool per output); the architecture and the format are added here. Files are written to
+    temporary names and renamed, so a reader never sees half a selector."""
+    from safetensors.torch import save_file
+
+    missing = [k for k in ("feature_set", "schema", "outputs") if k not in meta]
+    if missing:
+        raise ValueError(f"save_selector: meta lacks {missing}")
+    if len(meta["outputs"].get("valid", ())) != net.num_outputs:
+        raise ValueError(f"save_selector: meta outputs.valid needs {net.num_outputs} entries")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **dict(meta), "architecture": net.architecture,
+            "inputs": list(net.input_names), "weights": WEIGHTS_FILE}
+    tmp_w = folder / f".{WEIGHTS_FILE}.tmp{os.getpid()}"
+    tmp_m = folder / f".{META_FILE}.tmp{os.getpid()}"
+    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(tmp_w))
+    tmp_m.write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp_w, folder / WEIGHTS_FILE)
+    os.replace(tmp_m, folder / META_FILE)
+    return folder
+
+
+def read_selector_meta(folder: str | Path) -> dict:
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        raise SelectorLoadError(f"{path} not found: train a selector first (`branchpoint train`)")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SelectorLoadError(f"{path}: not valid JSON ({e})") from None
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise SelectorLoadError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file (format {meta.get('format')!r} "
+                                f"v{meta.get('format_version')!r})")
+    return meta
+
+
+def load_selector(folder: str | Path, map_location: str = "cpu") -> tuple[SelectorNet, dict]:
+    """``(net in eval mode, meta)`` from a folder written by `save_selector`."""
+    from safetensors.torch import load_file
+
+    meta = read_selector_meta(folder)
+    arch = meta["architecture"]
+    net = SelectorNet(arch["hidden_sizes"], arch["num_scalars"], arch["num_outputs"], arch["proj"],
+                      arch["widths"], arch["dropout"])
+    weights = Path(folder) / WEIGHTS_FILE
+    if not weights.is_file():
+        raise SelectorLoadError(f"{weights} not found (the folder holds {META_FILE} but no weights)")
+    net.load_state_dict(load_file(str(weights), device=map_location), strict=True)
+    return net.eval(), meta

@@ -22,6 +22,7 @@ COMMANDS = {
     "profile": ("pipeline.profile", "time draft steps and target tree passes on this machine (stage profile)"),
     "collect": ("pipeline.collect", "features + measured block efficiency at every root of the trajectories "
                                     "(stage collect)"),
+    "train": ("pipeline.train", "train the branching-point selector on the collected dataset (stage train)"),
     "export": ("pipeline.export", "export the trained selector to ONNX + sidecar, check parity, register it "
                                   "(stage export)"),
     "evaluate": ("pipeline.evaluate", "decode TEST prompts with every policy end to end; report, plots and findings "

@@ -214,8 +214,8 @@ def collect_metrics(cfg) -> dict:
     """metrics/collect.json from the merged dataset and the latency profile (see README / issue notes)."""
     import numpy as np
 
-    from data_collection import throughput
     from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from decoding import throughput
     from decoding.actions import Action
     from decoding.latency import LatencyModel
 

@@ -246,6 +246,60 @@ class ProfileConfig:
 
 
 @dataclass
+class TrainConfig:
+    """Stage train: the selector of ALGORITHMS.md section 6 on the collected dataset (models/selector_*.py)."""
+
+    method: str = "specinfer"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
+    auto_methods: list[str] = field(default_factory=list)  # the methods of auto ([] = all of collect.methods)
+    feature_set: str = "target_only"  # paper | target_only (decoding.features.FEATURE_SETS); VAL-best on the CPU default
+    objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
+    # network (models/selector.py)
+    proj: int = 128  # projection width of each hidden-state feature
+    widths: list[int] = field(default_factory=lambda: [512, 32])  # MLP widths
+    dropout: float = 0.1
+    # optimisation (AdamW, cosine decay over the epochs)
+    epochs: int = 30
+    batch_size: int = 256
+    lr: float = 1.0e-3
+    weight_decay: float = 1.0e-4
+    label_weighting: str = "none"  # none | inverse_se (regression; see models/selector_training.py)
+    throughput_lambda: float = 1.0  # weight of the worst-alpha hinge term
+    throughput_alpha: float = 0.1  # fraction of worst roots in the hinge term
+    charge_inference: bool = True  # add the measured selector forward time to every step the selector decides
+    baselines: list[str] = field(default_factory=lambda: ["best_static", "ridge", "hgb"])  # sklearn, [] = none
+    seed: int = 0
+    threads: int = 1  # torch CPU threads
+    accelerator: str = "cpu"  # cpu | gpu | auto (Lightning)
+    devices: int | str = 1  # Lightning devices (e.g. 4 or "auto" on a multi-GPU node)
+    strategy: str = "auto"  # Lightning strategy (ddp on a multi-GPU node)
+    out: str = "artifacts/selector_torch"  # selector.safetensors + selector.json, checkpoints/, plots/ (export reads it)
+    metrics: str = "metrics/train.json"
+
+    def validate(self) -> None:
+        from decoding.features import FEATURE_SETS
+        from decoding.verifiers import get_method
+
+        if self.method != "auto":
+            get_method(self.method)
+        for m in self.auto_methods:
+            get_method(m)
+        if self.feature_set not in FEATURE_SETS:
+            raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)}, not {self.feature_set!r}")
+        if self.objective not in ("regression", "throughput"):
+            raise ValueError(f"objective must be regression or throughput, not {self.objective!r}")
+        if self.label_weighting not in ("none", "inverse_se"):
+            raise ValueError(f"label_weighting must be none or inverse_se, not {self.label_weighting!r}")
+        bad = [b for b in self.baselines if b not in ("best_static", "ridge", "hgb")]
+        if bad:
+            raise ValueError(f"unknown baselines {bad}; known: best_static, ridge, hgb")
+        for name in ("epochs", "batch_size", "proj", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+        if not 0 < self.throughput_alpha <= 1:
+            raise ValueError(f"throughput_alpha must be in (0, 1], not {self.throughput_alpha}")
+
+
+@dataclass
 class TrackingConfig:
     """MLflow for every stage (pipeline/tracking.py); MLFLOW_TRACKING_URI, when set, wins over ``uri``."""
 
@@ -319,6 +373,7 @@ SECTIONS: dict[str, type] = {
     "tracking": TrackingConfig,
     "export": ExportConfig,
     "profile": ProfileConfig,
+    "train": TrainConfig,
     "evaluate": EvaluateConfig,
 }
 
@@ -336,6 +391,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     source: str = "<defaults>"  # where the values came from, for messages
 

@@ -139,7 +139,7 @@ def setting_suffix(temperature: float, top_p: float) -> str:
     return f"T{temperature}" + ("" if top_p == 1.0 else f"_top_p{top_p}")
 
 
-def evaluate(cfg, target, test: list) -> dict:
+def evaluate(cfg, target, tokenizer, test: list) -> dict:
     """Step 3: acceptance on the TEST trajectories at each of their sampling settings (overall, by prompt
     source and by target entropy), step-time ratio, expected chain efficiency."""
     import torch
@@ -212,7 +212,7 @@ def run(cfg, args) -> int:
         facts = train(cfg, target, tokenizer, trajectories, progress=args.progress)
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
-    metrics = {**evaluate(cfg, target, trajectories["test"]), **facts}
+    metrics = {**evaluate(cfg, target, tokenizer, trajectories["test"]), **facts}
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = metrics_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

@@ -89,3 +89,14 @@ def test_every_stage_lists_its_config_and_every_module_it_runs():
         files = {str(_module_file(m).relative_to(ROOT)) for m in seen}
         missing = sorted(f for f in files if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps))
         assert not missing, f"stage {name} runs {missing} but does not list them in its deps"
+
+
+def test_every_stage_param_is_in_params_yaml():
+    """dvc reads the listed params from params.yaml itself: a key that only has a dataclass default fails
+    `dvc repro` with 'Parameters ... are missing'."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, stage in stages().items():
+        for key in stage.get("params", []):
+            section, _, field = key.partition(".")
+            assert section in params and (not field or field in (params[section] or {})), \
+                f"stage {name}: {key} is not in params.yaml"

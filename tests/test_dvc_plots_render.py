@@ -1,6 +1,6 @@
 """`dvc plots show` renders the evaluate stage's plots: dvc.yaml's ``plots:`` over plot data written by
 `pipeline.report.plot_data`, turned into HTML by dvc, rendered in headless Chromium (offline: the page's CDN
-scripts are pointed at the copies in tests/assets/vega), and every plot checked to draw its marks.
+scripts are pointed at local copies that `make setup` fetches from the npm registry into .cache/vega), and every plot checked to draw its marks.
 
 Skipped only when no Chromium binary is found (``apt-get install chromium``)."""
 
@@ -15,14 +15,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ASSETS = ROOT / "tests" / "assets" / "vega"
+ASSETS = ROOT / ".cache" / "vega"  # fetched from the npm registry by `make setup` (not part of the repository)
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome",
                                              "chrome-headless-shell") if shutil.which(n)), None)
 CDN = re.compile(r'<script src="https://cdn\.jsdelivr\.net/npm/(vega|vega-lite|vega-embed)@([\d.]+)"></script>')
 EMBED = re.compile(r"vegaEmbed\('#([\w-]+)', spec\);")
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium): "
-                                                          "cannot render `dvc plots show` output headless")
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium): "
+                                                "cannot render `dvc plots show` output headless"),
+    pytest.mark.skipif(CHROMIUM is not None and not any(ASSETS.glob("vega@*.min.js")) and shutil.which("npm") is None,
+                       reason="the Vega scripts are not in .cache/vega and npm is missing to fetch them (make setup)"),
+]
 
 POLICIES = ["autoregressive", "chain", "static:traversal", "selector:auto"]
 
@@ -47,8 +51,8 @@ def _offline_html(html: str) -> str:
     """Point the CDN scripts at the vendored copies; render SVG and record success or failure per plot."""
     def local(m: re.Match) -> str:
         path = ASSETS / f"{m.group(1)}@{m.group(2)}.min.js"
-        assert path.is_file(), (f"dvc-render now loads {m.group(1)}@{m.group(2)}: vendor that version into "
-                                f"{ASSETS} (npm pack {m.group(1)}@{m.group(2)}; see its README)")
+        assert path.is_file(), (f"dvc-render now loads {m.group(1)}@{m.group(2)}, missing from {ASSETS}: add it to "
+                                "VEGA_PACKAGES in the Makefile and run `make setup`")
         return f'<script src="{path.as_uri()}"></script>'
 
     html, n = CDN.subn(local, html)

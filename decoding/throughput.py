@@ -11,7 +11,12 @@ times ``T[c, a]`` (seconds, `decoding.latency.LatencyModel.step_seconds`):
   cannot see the future drafts, up to label noise);
 - *autoregressive* is the action ``(1, 0, 0)``: E = 1, T = one target step.
 NaN labels (a method that does not apply to an action, e.g. a chain-only method on K > 1) are never
-chosen. Numpy only.
+chosen.
+
+The *decision rule* of a selector is the oracle's with predicted labels: `choose` picks
+``argmax_a Ê_pred[c, a] / T[c, a]`` (expected tokens per second), so a selector moved to another
+machine adapts by re-profiling T. Numpy only: the collection metrics, selector training and the
+torch-free ONNX runtime all use this module.
 """
 
 from __future__ import annotations
@@ -48,6 +53,17 @@ def best_static(E: np.ndarray, T: np.ndarray) -> int:
 def oracle_choice(E: np.ndarray, T: np.ndarray) -> np.ndarray:
     """``[N]`` per-root ``argmax_a E[c, a] / T[c, a]``."""
     return np.argmax(_masked(E) / T, axis=1)
+
+
+def choose(E_pred: np.ndarray, T: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """The decision rule: ``[N]`` per-root ``argmax_a E_pred[c, a] / T[c, a]`` over the ``valid`` outputs
+    (``[A]`` bool; default all). ``E_pred`` ``[N, A]`` or ``[A]`` (one root), T broadcast to it; ties go to
+    the first output."""
+    E_pred = np.asarray(E_pred, dtype=np.float64)
+    score = _masked(E_pred) / np.asarray(T, dtype=np.float64)
+    if valid is not None:
+        score = np.where(np.asarray(valid, dtype=bool), score, -np.inf)
+    return np.argmax(score, axis=-1)
 
 
 def summary(E_fit: np.ndarray, T_fit: np.ndarray, E: np.ndarray, T: np.ndarray, ar_index: int) -> dict:

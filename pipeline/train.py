@@ -1,0 +1,254 @@
+"""``branchpoint train``: stage train, the selector of ALGORITHMS.md section 6 on the collected dataset.
+
+Reads: the collected dataset (``collect.out``: features + labels, splits by prompt), the latency profile
+(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector.save_selector`:
+weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and ``train.metrics``
+(metrics/train.json). Steps:
+
+1. arrays of every root for the feature set and output layout (``train.method``: one method, or ``auto``:
+   every (method, action)); step costs from the latency model, the selector's including its features
+   and (``charge_inference``) its own forward time measured here;
+2. Lightning fit (objective ``train.objective``), standardization fitted on TRAIN, validation on VAL each
+   epoch (realized TPS, regret, MAE, Spearman; MLflow ``val/...``), best epoch restored;
+3. TEST report of the selector and of the scikit-learn baselines (``train.baselines``, each its own MLflow
+   run in the same experiment), plots, the selector folder, the metrics file.
+
+MLflow (`pipeline.tracking`: ``tracking.uri`` unless $MLFLOW_TRACKING_URI is set, experiment
+``tracking.experiment``): one run per training tagged ``stage=train``, the git revision and the dataset's
+config hash; the baselines are runs of their own with the same tags and metric names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
+    parser.add_argument("--run-name", default=None, help="MLflow run name (default: method/feature set/objective)")
+
+
+def layout_for(tc, manifest: dict):
+    from decoding.actions import parse_action
+    from models.selector import OutputLayout
+    from pipeline.config import ConfigError
+
+    collected = list(manifest["methods"])
+    methods = (tc.auto_methods or collected) if tc.method == "auto" else [tc.method]
+    missing = [m for m in methods if m not in collected]
+    if missing:
+        raise ConfigError(f"train.method / train.auto_methods name {missing}, but the dataset has labels only for "
+                         f"{collected}; add them to collect.methods and re-collect, or choose among those")
+    return OutputLayout(tuple(methods), tuple(parse_action(a) for a in manifest["actions"]), tc.method == "auto")
+
+
+def inference_seconds(net, reps: int = 200) -> float:
+    """Median seconds of one forward of ``net`` on one root (batch 1, CPU, inference mode)."""
+    import numpy as np
+    import torch
+
+    xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            net(*xs)
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _summary(report: dict) -> dict:
+    keys = ("roots", "tps", "selector_vs_best_static", "selector_vs_best_static_per_sampling", "selector_vs_oracle",
+            "selector_vs_traversal_best_static", "selector_vs_autoregressive", "regret", "per_root_regret", "mae",
+            "spearman", "best_static", "chosen")
+    return {k: report[k] for k in keys if k in report}
+
+
+def _log_baselines(client, experiment_id: str, results: dict, params: dict, tags: dict) -> dict[str, str]:
+    from models.selector_eval import flat_metrics
+
+    ids = {}
+    for kind, entry in results.items():
+        run = client.create_run(experiment_id, run_name=f"baseline-{kind}/{params['method']}/{params['feature_set']}",
+                                tags={**tags, "model": f"baseline:{kind}"})
+        for k, v in {**params, "baseline": kind}.items():
+            client.log_param(run.info.run_id, k, v)
+        metrics = {"fit_seconds": entry["fit_seconds"]}
+        for split in ("val", "test"):
+            metrics.update(flat_metrics(entry[split], split))
+        _log_metrics(client, run.info.run_id, metrics)
+        client.set_terminated(run.info.run_id)
+        ids[kind] = run.info.run_id
+    return ids
+
+
+def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    for i in range(0, len(items), 900):
+        client.log_batch(run_id, metrics=items[i:i + 900])
+
+
+def training_data(cfg):
+    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset."""
+    import numpy as np
+
+    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from decoding.features import FeatureSchema
+    from decoding.latency import LatencyModel
+    from models.selector import SelectorNet
+    from models.selector_data import build_selector_data
+
+    tc = cfg.train
+    manifest = read_manifest(cfg.collect.out)
+    layout = layout_for(tc, manifest)
+    hidden = manifest["pair"]["hidden_sizes"]
+    schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
+    latency = LatencyModel.load(cfg.profile.out)
+    ds = load_collected(cfg.collect.out)
+    cols = ds.with_format("numpy")[:]
+    collected = list(manifest["methods"])
+    labels = {m: label_matrix(ds, m) for m in collected}
+    label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
+    # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
+    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
+    infer = inference_seconds(probe) if tc.charge_inference else 0.0
+    data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
+    return manifest, layout, schema, latency, data, infer
+
+
+def run(cfg, args) -> int:
+    import torch
+    from pytorch_lightning.loggers import MLFlowLogger
+
+    from data_collection.dataset import sha256_file, write_json_atomic
+    from models.selector import SelectorNet, save_selector
+    from models.selector_baselines import baseline_reports
+    from models.selector_data import SelectorDataModule
+    from models.selector_eval import evaluate, flat_metrics, serializable
+    from models.selector_plots import selector_plots
+    from models.selector_training import SelectorHParams, fit_selector, predict
+    from pipeline.tracking import git_revision, tracking_uri
+
+    tc = cfg.train
+    torch.set_num_threads(tc.threads)
+    start = time.perf_counter()
+    manifest, layout, schema, latency, data, infer = training_data(cfg)
+    dm = SelectorDataModule(data, tc.batch_size, tc.seed)
+    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
+    load_seconds = time.perf_counter() - start
+
+    run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"
+    tags = {"stage": "train", "git_revision": git_revision(), "dataset_config_hash": manifest["config_hash"]}
+    uri = tracking_uri(cfg)
+    logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_name=run_name,
+                          tags={**tags, "model": "selector"})
+    params = {"method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective,
+              "methods": ",".join(layout.methods), "outputs": layout.size, "dataset": cfg.collect.out,
+              "latency_profile": cfg.profile.out, "inference_seconds": infer,
+              **{f"train.{k}": v for k, v in dataclasses.asdict(tc).items() if k not in ("method", "feature_set",
+                                                                                       "objective")},
+              **{f"roots_{s}": int((data.split == s).sum()) for s in ("train", "val", "test")}}
+    logger.log_hyperparams(params)  # the one explicit hyperparameter log
+    hp = SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
+                         label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
+                         throughput_alpha=tc.throughput_alpha)
+    out = Path(tc.out)
+    fit_start = time.perf_counter()
+    module, best_ckpt = fit_selector(net, dm, hp, logger=logger, checkpoint_dir=str(out / "checkpoints"),
+                                     accelerator=tc.accelerator, devices=tc.devices, strategy=tc.strategy,
+                                     seed=tc.seed, progress=args.progress)
+    fit_seconds = time.perf_counter() - fit_start
+    if module.global_rank != 0:
+        return 0
+
+    fit, val, test = (data.subset(data.rows(s)) for s in ("train", "val", "test"))
+    valid = fit.valid_outputs()
+    reports = {"val": module.last_report}
+    if len(test):
+        reports["test"] = evaluate(predict(net, test), test, fit, valid)
+    base_start = time.perf_counter()
+    baselines = baseline_reports(fit, {k: v for k, v in (("val", val), ("test", test)) if len(v)}, evaluate,
+                                 tc.baselines, tc.seed) if tc.baselines else {}
+    base_seconds = time.perf_counter() - base_start
+    client, run_id = logger.experiment, logger.run_id
+    _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
+    baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
+
+    meta = {
+        "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
+        "scalars": list(schema.scalars), "objective": tc.objective,
+        "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
+        "latency": latency.to_dict(),  # the profile the costs came from (export embeds it in its sidecar)
+        "decision": "argmax over valid outputs o of output[o] / T(o); T = LatencyModel.step_seconds(context_length, "
+                    "actions, features=feature_set) + inference_seconds, tiled over methods (method-major)",
+        "inference_seconds": infer,
+        "latency_profile": {"path": cfg.profile.out, "sha256": sha256_file(cfg.profile.out),
+                            "meta": getattr(latency, "meta", {})},
+        "metrics": {k: _summary(serializable(r)) for k, r in reports.items()},
+        "sampling_range": {"temperature": [float(fit.temperature.min()), float(fit.temperature.max())],
+                          "top_p": [float(fit.top_p.min()), float(fit.top_p.max())],
+                          "settings": sorted(set(fit.sampling().tolist()))},  # of the train roots
+        "pair": manifest["pair"],
+        "dataset": {"path": cfg.collect.out, "config_hash": manifest["config_hash"], "rows": len(data),
+                    "roots_per_split": {s: int((data.split == s).sum()) for s in ("train", "val", "test")}},
+        "git_revision": tags["git_revision"], "train_config": dataclasses.asdict(tc), "mlflow_run_id": run_id,
+        "best_checkpoint": os.path.relpath(best_ckpt, out) if best_ckpt else None,
+    }
+    save_selector(out, net, meta)
+    plot_dir = out / "plots"
+    ev = "test" if "test" in reports else "val"
+    ev_data = test if ev == "test" else val
+    for p in selector_plots(reports[ev], predict(net, ev_data), ev_data, valid, plot_dir, ev):
+        client.log_artifact(run_id, str(p), "plots")
+    for name in ("selector.safetensors", "selector.json"):
+        client.log_artifact(run_id, str(out / name), "selector")
+    if best_ckpt:
+        client.log_artifact(run_id, best_ckpt, "checkpoints")
+
+    total = time.perf_counter() - start
+    metrics = {
+        "method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective, "outputs": layout.size,
+        "roots_per_split": meta["dataset"]["roots_per_split"], "config_hash": manifest["config_hash"],
+        "seconds": {"load": load_seconds, "fit": fit_seconds, "baselines": base_seconds, "total": total},
+        "inference_seconds": infer, "mlflow_run_id": run_id, "mlflow_baseline_runs": baseline_runs,
+        **{k: serializable(r) for k, r in reports.items()},
+        "baselines": {k: {"fit_seconds": e["fit_seconds"], **{s: _summary(serializable(e[s])) for s in e
+                                                              if s != "fit_seconds"}}
+                      for k, e in baselines.items()},
+    }
+    write_json_atomic(tc.metrics, metrics)
+    client.set_terminated(run_id)
+    print(f"train: {layout.size} outputs ({tc.method}, {tc.feature_set}, {tc.objective}); "
+          f"{int((data.split == 'train').sum())} train roots; fit {fit_seconds:.0f} s, total {total:.0f} s "
+          f"-> {out}/, {tc.metrics}; MLflow run {run_id} ({uri})")
+    print(results_table(metrics, ev))
+    return 0
+
+
+def results_table(metrics: dict, split: str = "test") -> str:
+    """Realized TPS of the selector and the baselines on ``split``, as ratios to the references."""
+    cols = ("selector_vs_best_static", "selector_vs_oracle", "selector_vs_autoregressive",
+            "selector_vs_traversal_best_static")
+    head = (f"{split.upper():24s} {'TPS':>8s} {'/best static':>12s} {'/oracle':>8s} {'/AR':>6s} {'/Trav.static':>12s} "
+            f"{'used':>4s}")
+    rows = [head]
+    entries = [("selector", metrics.get(split))] + [(f"baseline {k}", e.get(split))
+                                                    for k, e in metrics.get("baselines", {}).items()]
+    for name, r in entries:
+        if not r:
+            continue
+        vals = " ".join(f"{r.get(c, float('nan')):{w}.3f}" for c, w in zip(cols, (12, 8, 6, 12), strict=True))
+        rows.append(f"{name:24s} {r['tps']['selector']:8.1f} {vals} {len(r.get('chosen', {})):4d}")
+    r = metrics.get(split)
+    if r:
+        t = r["tps"]
+        rows.append(f"(references, tokens/s: best static {t['best_static']:.1f} = {r.get('best_static')}, oracle "
+                    f"{t['oracle']:.1f}, autoregressive {t['autoregressive']:.1f})")
+    return "\n".join(rows)

@@ -1,0 +1,281 @@
+"""Selector training (models/selector_*.py, pipeline/train.py) on a tiny REAL collected dataset and on
+synthetic data with a learnable signal: splits by prompt, train-only standardization, both objectives
+learn, the decision rule, realized-TPS metrics by hand, save/load, the auto layout, the CLI stage."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from selector_helpers import METHODS, SPACE, build_collected, toy_latency
+
+from decoding.actions import Action, ActionSpace
+from decoding.features import FeatureSchema
+from decoding.throughput import choose
+from models.selector import OutputLayout, SelectorNet, load_selector, save_selector
+from models.selector_data import SelectorData, SelectorDataModule, build_selector_data
+from models.selector_eval import evaluate
+from models.selector_training import SelectorHParams, SelectorModule, fit_selector, predict
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    torch.set_num_threads(1)
+    return build_collected(tmp_path_factory.mktemp("collect") / "data")
+
+
+def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"), auto=True) -> SelectorData:
+    from data_collection.dataset import label_matrix, load_collected, read_manifest
+
+    ds = load_collected(collected)
+    hidden = read_manifest(collected)["pair"]["hidden_sizes"]
+    schema = FeatureSchema.for_pair(feature_set, hidden["target"], hidden["draft"])
+    layout = OutputLayout(tuple(methods), tuple(SPACE), auto)
+    labels = {m: label_matrix(ds, m) for m in METHODS}
+    return build_selector_data(ds.with_format("numpy")[:], labels, None, schema, layout, toy_latency())
+
+
+def test_datamodule_splits_never_mix_prompts(collected):
+    data = _real_data(collected)
+    dm = SelectorDataModule(data, batch_size=16)
+    prompts = {s: set(data.prompt_id[data.rows(s)]) for s in ("train", "val", "test")}
+    assert all(prompts.values())
+    assert not (prompts["train"] & prompts["val"]) and not (prompts["train"] & prompts["test"])
+    assert not (prompts["val"] & prompts["test"])
+    assert set(data.prompt_id[dm.train_idx]) == prompts["train"] and set(data.prompt_id[dm.val_idx]) == prompts["val"]
+    n_train = sum(b[-1].shape[0] for b in dm.train_dataloader())
+    n_val = sum(b[-1].shape[0] for b in dm.val_dataloader())
+    assert (n_train, n_val) == (dm.train_idx.size, dm.val_idx.size)
+
+
+def test_standardization_uses_train_only(collected):
+    data = _real_data(collected, "target_only", methods=("specinfer",), auto=False)
+    stats = SelectorDataModule(data).standardization()
+    train = data.rows("train")
+    np.testing.assert_allclose(stats["scalars"][0], data.inputs["scalars"][train].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(stats["h_p_prev"][1], data.inputs["h_p_prev"][train].std(0), rtol=1e-5)
+    held_out = data.split != "train"
+    for x in data.inputs.values():
+        x[held_out] = x[held_out] * 1000.0 + 7.0  # held-out rows must not move the statistics
+    after = SelectorDataModule(data).standardization()
+    for k in stats:
+        np.testing.assert_allclose(after[k][0], stats[k][0], rtol=1e-6)
+    net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), data.layout.size)
+    fit_selector(net, SelectorDataModule(data, 32), SelectorHParams(epochs=1))
+    np.testing.assert_allclose(net.scalars_mean.numpy(), stats["scalars"][0].astype(np.float32), rtol=1e-5)
+
+
+def synthetic(n: int = 600, seed: int = 0) -> SelectorData:
+    """4 actions whose Ê depends on scalar 0 (x): small trees win for x < 0, large ones for x > 0."""
+    rng = np.random.default_rng(seed)
+    actions = (Action(1, 0, 0), Action(1, 1, 0), Action(1, 2, 0), Action(1, 3, 0))
+    layout = OutputLayout(("specinfer",), actions)
+    schema = FeatureSchema.for_pair("target_only", 8, 8)
+    x = rng.normal(size=n)
+    scalars = rng.normal(size=(n, len(schema.scalars))).astype(np.float32)
+    scalars[:, 0] = x
+    accept = 1 / (1 + np.exp(-3 * x))  # [n] acceptance of each drafted token
+    E = np.stack([1 + sum((accept ** j for j in range(1, L + 1)), np.zeros(n)) for L in range(4)], axis=1)  # [n, 4]
+    E = E + 0.05 * rng.normal(size=E.shape)
+    cost = np.tile([1.0, 1.3, 1.6, 1.9], (n, 1))
+    split = np.array(["train"] * (n // 2) + ["val"] * (n // 4) + ["test"] * (n - n // 2 - n // 4))
+    return SelectorData(schema=schema, layout=layout,
+                        inputs={"h_p_prev": rng.normal(size=(n, 8)).astype(np.float32), "scalars": scalars},
+                        labels=E.astype(np.float32), label_se=np.full(E.shape, 0.05, np.float32), cost=cost,
+                        cost_static=cost.copy(), cost_ar=np.ones(n), split=split,
+                        prompt_id=np.array([f"p{i}" for i in range(n)]), source=np.array(["s"] * n),
+                        temperature=np.ones(n), top_p=np.ones(n), context_length=np.full(n, 100))
+
+
+@pytest.mark.parametrize("objective", ["regression", "throughput"])
+def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_thread):
+    data = synthetic()
+    dm = SelectorDataModule(data, batch_size=64)
+    net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), 4, proj=16, widths=(32, 16), dropout=0.0)
+    hp = SelectorHParams(objective=objective, epochs=25, lr=3e-3)
+    fit = data.subset(dm.train_idx)
+    batch = dm.full_batch("train")
+
+    def loss_now():
+        module = SelectorModule(net, hp, fit, fit, fit.valid_outputs())
+        module.eval()
+        with torch.no_grad():
+            return float(module.loss(batch))
+
+    torch.manual_seed(0)
+    net.set_standardization({k: (torch.as_tensor(m), torch.as_tensor(s)) for k, (m, s) in dm.standardization().items()})
+    from models.selector_training import init_output_bias
+
+    init_output_bias(net, fit.labels, fit.valid_outputs())
+    before = loss_now()
+    module, _ = fit_selector(net, dm, hp)
+    after = loss_now()
+    report = module.last_report
+    if objective == "regression":
+        assert after < 0.3 * before, (before, after)
+        assert report["spearman"] > 0.6  # mean of 4 outputs; AR (Ê = 1 + noise) has no signal, rho ~ 0
+    else:
+        assert after < before - 0.02, (before, after)
+    # the signal is learnable: the selector beats the best static action on held-out roots
+    assert report["selector_vs_best_static"] > 1.03 and report["selector_vs_oracle"] > 0.95
+
+
+def test_decision_rule_picks_argmax_of_E_over_T():
+    E = np.array([[2.0, 3.0, 1.0], [2.0, 3.0, np.nan]])
+    T = np.array([[1.0, 2.0, 0.4], [1.0, 1.0, 0.1]])
+    # rates: root 0: 2, 1.5, 2.5 -> 2; root 1: 2, 3, NaN (never chosen) -> 1
+    assert choose(E, T).tolist() == [2, 1]
+    assert choose(E, T, valid=np.array([True, True, False])).tolist() == [0, 1]
+    assert choose(np.array([2.0, 2.0]), np.array([1.0, 1.0])) == 0  # ties go to the first output
+
+
+def _hand_data() -> SelectorData:
+    """2 roots x 3 actions (AR, (1,1,0), (1,2,0)); costs in seconds."""
+    actions = (Action(1, 0, 0), Action(1, 1, 0), Action(1, 2, 0))
+    schema = FeatureSchema.for_pair("target_only", 2, 2)
+    E = np.array([[1.0, 1.8, 2.1], [1.0, 1.2, 1.3]])
+    cost_static = np.array([[1.0, 1.5, 2.0], [1.0, 1.5, 2.0]])
+    n = 2
+    return SelectorData(schema=schema, layout=OutputLayout(("specinfer",), actions),
+                        inputs={"h_p_prev": np.zeros((n, 2), np.float32),
+                                "scalars": np.zeros((n, len(schema.scalars)), np.float32)},
+                        labels=E.astype(np.float32), label_se=np.zeros_like(E, np.float32), cost=cost_static + 0.1,
+                        cost_static=cost_static, cost_ar=np.ones(n), split=np.array(["test", "test"]),
+                        prompt_id=np.array(["a", "b"]), source=np.array(["x", "y"]), temperature=np.ones(n),
+                        top_p=np.ones(n), context_length=np.array([10, 20]))
+
+
+def test_realized_tps_metrics_against_hand_values():
+    data = _hand_data()
+    # fit set: static TPS = (2/2, 3/3, 3.4/4) = 1, 1, 0.85 -> best static is output 0 (ties: first)
+    pred = np.array([[1.0, 2.0, 0.0], [1.0, 0.0, 0.0]])  # picks (1,1,0) at root 0 (2/1.6 > 1/1.1), AR at root 1
+    r = evaluate(pred, data, data)
+    assert r["_choice"].tolist() == [1, 0]
+    assert r["tps"]["selector"] == pytest.approx((1.8 + 1.0) / (1.6 + 1.1))
+    assert r["tps"]["best_static"] == pytest.approx(2 / 2)
+    # oracle per root (static costs): root 0 rates 1, 1.2, 1.05 -> (1,1,0); root 1 rates 1, 0.8, 0.65 -> AR
+    assert r["tps"]["oracle"] == pytest.approx((1.8 + 1.0) / (1.5 + 1.0))
+    assert r["tps"]["autoregressive"] == pytest.approx(1.0)
+    assert r["regret"] == pytest.approx(1 - (2.8 / 2.7) / (2.8 / 2.5))
+    assert r["per_root_regret"] == pytest.approx(np.mean([1 - (1.8 / 1.6) / 1.2, 1 - (1 / 1.1) / 1.0]))
+    assert r["mae"] == pytest.approx(np.mean([np.mean([0, 0.2, 2.1]), np.mean([0, 1.2, 1.3])]))
+    assert r["chosen"] == {"1,1,0": 0.5, "1,0,0": 0.5}
+    assert r["by_source"]["x"]["tps"]["selector"] == pytest.approx(1.8 / 1.6)
+
+
+def test_save_load_round_trip_gives_identical_outputs(tmp_path):
+    torch.manual_seed(0)
+    net = SelectorNet({"h_p_prev": 6, "h_q_prev": 5, "h_q_root": 5}, 4, 10, proj=8, widths=(16, 8))
+    net.set_standardization({"h_p_prev": (torch.randn(6), torch.rand(6) + 0.5), "h_q_prev": (torch.randn(5), torch.rand(5)),
+                             "h_q_root": (torch.zeros(5), torch.ones(5)), "scalars": (torch.randn(4), torch.rand(4) + 1)})
+    net.eval()
+    layout = OutputLayout(("traversal", "specinfer"), tuple(ActionSpace(range(1, 2), range(0, 5), range(0, 1))), True)
+    schema = FeatureSchema.for_pair("paper", 6, 5)
+    meta = {"feature_set": "paper", "schema": schema.to_dict(), "outputs": {**layout.to_dict(), "valid": [True] * 10},
+            "objective": "regression", "dataset": {"config_hash": "abc"}}
+    save_selector(tmp_path / "sel", net, meta)
+    loaded, got = load_selector(tmp_path / "sel")
+    xs = [torch.randn(3, 6), torch.randn(3, 5), torch.randn(3, 5), torch.randn(3, 4)]
+    assert torch.equal(net(*xs), loaded(*xs))
+    assert got["dataset"] == {"config_hash": "abc"} and got["architecture"]["widths"] == [16, 8]
+    assert OutputLayout.from_dict(got["outputs"]) == layout
+    assert FeatureSchema.from_dict(got["schema"]) == schema
+    from models.selector import SelectorLoadError
+
+    with pytest.raises(SelectorLoadError, match="not found"):
+        load_selector(tmp_path / "missing")
+
+
+def test_auto_layout_is_method_major(collected):
+    from data_collection.dataset import label_matrix, load_collected
+
+    data = _real_data(collected, "paper", METHODS, auto=True)
+    lay = data.layout
+    A = len(SPACE)
+    assert lay.size == 2 * A and lay.output(A + 3) == ("specinfer", SPACE[3])
+    assert lay.index("specinfer", SPACE[3]) == A + 3 and lay.method_outputs("traversal") == slice(0, A)
+    ds = load_collected(collected)
+    np.testing.assert_allclose(data.labels[:, lay.method_outputs("specinfer")], label_matrix(ds, "specinfer"))
+    np.testing.assert_allclose(data.cost[:, :A], data.cost[:, A:])  # the same action costs the same
+    # the selector's cost includes its features (paper: the root's draft step for AR); static costs do not
+    ar = SPACE.index(Action(1, 0, 0))
+    lat = toy_latency()
+    l0 = int(data.context_length[0])
+    assert data.cost[0, ar] == pytest.approx(data.cost_static[0, ar] + lat.feature_seconds + float(lat.t_q(l0, 1)))
+    assert OutputLayout.from_dict(lay.to_dict()) == lay
+    with pytest.raises(ValueError, match="exactly one method"):
+        OutputLayout(("a", "b"), tuple(SPACE), auto=False)
+    # predictions per (method, action); `auto` reports per method
+    net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), lay.size)
+    r = evaluate(predict(net, data), data, data.subset(data.rows("train")))
+    assert set(r["by_method"]) == set(METHODS)
+
+
+def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
+    from decoding.latency import LatencyModel
+    from pipeline.cli import main
+
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    rc = main(["train", "--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=2", "--set", "train.method=auto",
+               "--set", "train.baselines=[best_static,ridge]", "--set", "train.out=sel", "--set", "train.metrics=metrics/train.json"])
+    assert rc == 0
+    metrics = json.loads((tmp_path / "metrics/train.json").read_text())
+    assert metrics["test"]["tps"]["selector"] > 0 and set(metrics["baselines"]) == {"best_static", "ridge"}
+    assert metrics["baselines"]["best_static"]["test"]["selector_vs_best_static"] == pytest.approx(1.0)
+    assert (tmp_path / "sel/checkpoints/best.ckpt").is_file()
+    net, meta = load_selector(tmp_path / "sel")
+    assert meta["dataset"]["config_hash"] == "tiny0123" and meta["outputs"]["auto"] is True
+    assert LatencyModel.from_dict(meta["latency"]).feature_seconds == toy_latency().feature_seconds
+    assert len(meta["outputs"]["valid"]) == net.num_outputs == 2 * len(SPACE)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("branchpoint")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 3
+    sel = next(r for r in runs if r.data.tags.get("model") == "selector")
+    assert sel.data.tags["dataset_config_hash"] == "tiny0123" and sel.data.tags["stage"] == "train"
+    assert "git_revision" in sel.data.tags
+    assert "val/tps/selector" in sel.data.metrics and "test/selector_vs_oracle" in sel.data.metrics
+    assert len(client.get_metric_history(sel.info.run_id, "val/tps/selector")) == 2  # per epoch
+    arts = {a.path for a in client.list_artifacts(sel.info.run_id, "plots")}
+    assert "plots/test_chosen_actions.png" in arts and "plots/test_pred_vs_measured.png" in arts
+
+
+def test_losses_against_hand_values():
+    from models.selector_training import policy_tps, regression_loss, throughput_loss
+
+    pred = torch.tensor([[1.0, 2.0, 3.0]])
+    E = torch.tensor([[1.5, 2.0, float("nan")]])
+    valid = torch.tensor([True, True, True])
+    assert float(regression_loss(pred, E, None, valid)) == pytest.approx(0.25 / 2)  # NaN label skipped
+    se = torch.tensor([[0.0, 1.0, 0.0]])
+    w0, w1 = 1 / 0.05 ** 2, 1 / (1 + 0.05 ** 2)
+    assert float(regression_loss(pred, E, se, valid, "inverse_se")) == pytest.approx(w0 * 0.25 / (w0 + w1))
+    # policy: beta -> large picks argmax Ê/T; TPS_pi = Ê/T of that output
+    E2, cost = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 1.5, 3.0]])
+    assert float(policy_tps(E2, E2, cost, valid, torch.tensor(200.0))) == pytest.approx(2 / 1.5, rel=1e-4)
+    # beta = 0: uniform policy, TPS = mean Ê / mean T
+    assert float(policy_tps(E2, E2, cost, valid, torch.tensor(0.0))) == pytest.approx(6 / 5.5)
+    base = torch.tensor([1.0])
+    ratio = 6 / 5.5
+    expected = -np.log(ratio) + 0.0  # ratio > 1: no hinge
+    assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 1.0, 0.5)) == pytest.approx(expected)
+    base = torch.tensor([2.0])  # ratio < 1: hinge (1 - ratio)^2 on the worst fraction (the one root)
+    r = ratio / 2
+    assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 3.0, 0.5)) == pytest.approx(
+        -np.log(r) + 3.0 * (1 - r) ** 2)
+
+
+def test_duplicate_steps_are_never_chosen():
+    space = ActionSpace(range(1, 3), range(0, 2), range(0, 2))  # (K, L1, L2), K in 1..2
+    lay = OutputLayout(("traversal", "specinfer"), tuple(space), auto=True)
+    d = dict(zip([f"{m}:{a}" for m in lay.methods for a in lay.actions], lay.distinct(), strict=True))
+    assert d["traversal:1,0,0"] and not d["traversal:2,0,0"] and not d["specinfer:1,0,0"]  # one plain step
+    assert d["traversal:1,1,0"] and not d["traversal:2,1,0"] and d["specinfer:1,1,0"]  # chains: K irrelevant
+    assert d["traversal:2,0,1"] and d["specinfer:2,1,1"]
