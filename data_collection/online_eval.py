@@ -23,16 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from decoding import throughput
 from decoding.actions import Action, ActionSpace
 from decoding.latency import LatencyModel
 from decoding.sampling import Sampling
 
 from .findings import chain_source
-
-try:  # the offline-throughput arithmetic moves below models/ (decoding/throughput.py) with selector training
-    from decoding import throughput
-except ImportError:  # pragma: no cover - before that merge
-    from decoding import throughput
 
 AUTOREGRESSIVE = "autoregressive"
 CHAIN = "chain"

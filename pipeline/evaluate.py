@@ -174,12 +174,12 @@ def run(cfg, args) -> int:
                  "for ratios; offline = realized TPS from TEST labels and the latency profile; best statics chosen "
                  "on TRAIN labels"),
     }
+    primary = next((p.name for p in policies if p.kind == "selector"), None)  # auto, or its one method
     if runtime is not None:
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.schema.feature_set}
-    for name in ("selector:auto", trav):
+                               "feature_set": runtime.schema.feature_set, "policy": primary}
+    for key, name in (("selector", primary), ("static_traversal", trav)):
         if name in table:  # the headline ratios, flat for `dvc metrics diff`
-            key = name.replace(":", "_")
             metrics[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
             if "tps_vs_traversal_best_static" in table[name]:
                 metrics[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]

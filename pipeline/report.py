@@ -6,8 +6,9 @@ Plot data (``evaluate.plots``; the plot definitions are the top-level ``plots:``
 - ``gain_by_temperature.csv`` / ``gain_by_source.csv``: ``group`` ("<value> | <policy>") and the paired tokens/s
   ratio to autoregressive with its interval;
 - ``acceptance_by_depth.csv``: depth and the per-depth acceptance of the chain, Traversal's best static and the
-  selector online, and of the chain from the labels (fixed column names; empty where a policy is absent);
-- ``chosen_actions.csv``: the selector's (``auto``) share of steps per ``method:action``.
+  selector (its ``auto`` policy, or its one method) online, and of the chain from the labels (fixed column
+  names; empty where a policy is absent);
+- ``chosen_actions.csv``: that selector policy's share of steps per ``method:action``.
 The report (``evaluate.report``) shows the same data as PNGs in ``figures/`` next to it, the evaluation table,
 the online-vs-offline comparison and the findings.
 """
@@ -19,7 +20,7 @@ import math
 import os
 from pathlib import Path
 
-DEPTH_COLUMNS = {"chain": "chain", "static_traversal": "static:traversal", "selector_auto": "selector:auto"}
+DEPTH_COLUMNS = {"chain": "chain", "static_traversal": "static:traversal", "selector": "selector"}  # column -> policy
 
 
 def clean(obj):
@@ -56,6 +57,11 @@ def _ci(e: dict | None, fmt: str = "{:.2f}") -> str:
     return fmt.format(e["value"]) + (f" [{fmt.format(lo)}, {fmt.format(hi)}]" if ok else "")
 
 
+def _selector_policy(metrics: dict) -> str:
+    """The selector's main policy: ``selector:auto``, or ``selector:<method>`` for a one-method selector."""
+    return (metrics.get("selector") or {}).get("policy") or "selector:auto"
+
+
 def plot_data(metrics: dict, folder: Path) -> list[Path]:
     pol = metrics["policies"]
     rows = [[name, e["tokens_per_second"]["value"], e["tokens_per_second"]["low"], e["tokens_per_second"]["high"],
@@ -68,7 +74,8 @@ def plot_data(metrics: dict, folder: Path) -> list[Path]:
         rows = [[f"{'T=' if by == 'temperature' else ''}{value} | {p}", r["value"], r["low"], r["high"]]
                 for value, per in g.items() for p, r in per.items()]
         out.append(_write_csv(folder / f"gain_by_{by}.csv", ["group", "tps_vs_autoregressive", "low", "high"], rows))
-    acc = metrics["acceptance_by_depth"]
+    acc = dict(metrics["acceptance_by_depth"])
+    acc["selector"] = acc.get(_selector_policy(metrics)) or []
     labels = (metrics["findings"]["claim3_ot_acceptance_falls_with_depth"] or {}).get("chain_acceptance", [])
     depth = max([len(acc.get(p, [])) for p in DEPTH_COLUMNS.values()] + [len(labels), 1])
     rows = [[d + 1, *[(acc.get(p) or [])[d] if d < len(acc.get(p) or []) else float("nan")
@@ -76,7 +83,7 @@ def plot_data(metrics: dict, folder: Path) -> list[Path]:
              labels[d] if d < len(labels) else float("nan")] for d in range(depth)]
     out.append(_write_csv(folder / "acceptance_by_depth.csv", ["depth", *DEPTH_COLUMNS, "chain_from_labels"],
                           [[(float("nan") if v is None else v) for v in r] for r in rows]))
-    chosen = metrics["chosen"].get("selector:auto") or next(iter(metrics["chosen"].values()), {})
+    chosen = metrics["chosen"].get(_selector_policy(metrics)) or {}
     out.append(_write_csv(folder / "chosen_actions.csv", ["choice", "fraction"], [[k, v] for k, v in chosen.items()]))
     return out
 
@@ -145,7 +152,7 @@ def figures(metrics: dict, folder: Path) -> list[Path]:
     ax.legend(fontsize=7)
     save(fig, "acceptance_by_depth.png")
 
-    chosen = metrics["chosen"].get("selector:auto") or next(iter(metrics["chosen"].values()), {})
+    chosen = metrics["chosen"].get(_selector_policy(metrics)) or {}
     if chosen:
         top = list(chosen.items())[:15]
         fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(top) + 1.3))
@@ -185,7 +192,7 @@ def _selector_offline(sel: dict | None) -> str:
 
 def headline(metrics: dict) -> str:
     pol = metrics["policies"]
-    sel = pol.get("selector:auto") or next((e for n, e in pol.items() if n.startswith("selector:")), None)
+    sel = pol.get(_selector_policy(metrics))
     trav = pol.get("static:traversal")
     parts = []
     if sel:

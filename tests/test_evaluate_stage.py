@@ -128,6 +128,11 @@ def test_evaluate_stage_writes_every_output(params, capsys):
         used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
         assert used <= {method, "autoregressive"}, used
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
+    assert m["selector"]["policy"] == "selector:auto"
+    assert m["selector_tps_vs_autoregressive"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
+    depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()
+    assert depth[0].split(",") == ["depth", "chain", "static_traversal", "selector", "chain_from_labels"]
+    assert depth[1].split(",")[3] != ""  # the selector's depth-1 acceptance
     assert set(m["gain_by_temperature"]["autoregressive"]) == {"0.6", "1.0"}
     assert m["findings"]["gbv"]["testable"] and m["findings"]["claim1_traversal_beats_ot_at_root_branching"]["testable"]
     assert m["offline"]["selector"] is None and m["offline"]["test_roots"] > 0
