@@ -92,7 +92,13 @@ class SelectorRuntime:
             self.latency = LatencyModel.load(latency)
         else:
             self.latency = LatencyModel.from_dict(self.sidecar["latency_profile"])
-        self.session = ort.InferenceSession(str(onnx_path), providers=list(providers))
+        # One thread, no spinning: a batch-1 decision is ~50 us of work, and onnxruntime's default pool of
+        # spinning workers would keep stealing the cores from the target pass that follows every decision.
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=list(providers))
         self._check_session()
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
