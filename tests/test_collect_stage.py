@@ -61,7 +61,6 @@ def _rows(folder):
     return ds.to_pandas()
 
 
-@pytest.mark.slow
 def test_kill_resume_and_two_process_sharding(setup):
     base, target, draft = setup
     full = _run(_args(base, target, draft, "full"))
