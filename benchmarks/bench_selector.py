@@ -96,8 +96,8 @@ def main() -> int:
             x = rt.schema.vectorize(root, latency)
             batch = {k: v[None] for k, v in x.items()}
             seconds = rt.step_seconds(args.context)[None]
-            decide_us = _median_us(lambda: rt.decide(batch, seconds), args.reps)
-            build_us = _median_us(lambda: (rt.schema.vectorize(root, latency), rt.step_seconds(args.context)),
+            decide_us = _median_us(lambda rt=rt, batch=batch, seconds=seconds: rt.decide(batch, seconds), args.reps)
+            build_us = _median_us(lambda rt=rt: (rt.schema.vectorize(root, latency), rt.step_seconds(args.context)),
                                   max(50, args.reps // 10))
             results["feature_sets"][fs] = {
                 "selector": source, "outputs": len(rt.table),

@@ -17,8 +17,8 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
-from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.engine.rows import to_numpy_rows, transform_logits
+from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.sampling import Sampling
 from decoding.tree import build_tree, tree_layout
 from models.tiny import tiny_config
