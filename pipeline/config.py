@@ -329,7 +329,7 @@ class EvaluateConfig:
     """Stage evaluate: TEST prompts decoded end to end with every policy, the report and the findings
     (pipeline/evaluate.py, data_collection/online_eval.py, data_collection/findings.py)."""
 
-    prompts: int = 24  # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all)
+    prompts: int = 10  # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all)
     seeds: list[int] = field(default_factory=lambda: [0])  # decoding seeds per prompt (units = prompts x seeds)
     max_new_tokens: int = 32
     # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is
