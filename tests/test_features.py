@@ -50,8 +50,8 @@ def test_torch_free_import_of_protocol_schema_and_latency():
         p = transform_logits_np(np.arange(8.0), Sampling(1.0))
         root = RootFeatures(5, Sampling(1.0), p, p[::-1].copy(), p, np.ones(4), np.ones(3), np.ones(3))
         class Lat:
-            def t_q(self, l, rows):  # noqa: E741 (l: context length, as in ALGORITHMS.md) return 0.001
-            def t_p(self, l, tokens):  # noqa: E741 return 0.01
+            def t_q(self, l, rows): return 0.001
+            def t_p(self, l, tokens): return 0.01
         x = FeatureSchema.for_pair("paper", 4, 3).vectorize(root, Lat())
         assert x["scalars"].shape == (11,) and x["h_p_prev"].dtype == np.float32
         assert StaticPolicy(Action(1, 0, 0)).select(root) == Action(1, 0, 0)
