@@ -361,23 +361,6 @@ class EvaluateConfig:
             raise ValueError(f"ci must be in (0, 1), not {self.ci}")
 
 
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
-    "prompts": PromptsConfig,
-    "sampling": SamplingConfig,
-    "decode": DecodeConfig,
-    "trajectories": TrajectoriesConfig,
-    "train_draft": TrainDraftConfig,
-    "actions": ActionsConfig,
-    "collect": CollectConfig,
-    "tracking": TrackingConfig,
-    "export": ExportConfig,
-    "profile": ProfileConfig,
-    "train": TrainConfig,
-    "evaluate": EvaluateConfig,
-}
-
-
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -397,6 +380,10 @@ class Config:
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+
+# Section name -> its dataclass, in `Config` field order: a section is registered once, as a field of Config.
+SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(Config).items() if name != "source"}
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
