@@ -17,7 +17,6 @@ on a missing, corrupt or mismatching folder.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import Counter
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from data_collection.prompts import SPLITS
 from decoding.errors import UserInputError
+from decoding.files import sha256_file, write_json_atomic
 
 PARQUET_FILE = "trajectories.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -78,7 +78,7 @@ def save_trajectories(folder: str | Path, trajectories: Sequence[Trajectory], ma
     parquet = folder / PARQUET_FILE
     tmp = parquet.with_name(f".{PARQUET_FILE}.tmp{os.getpid()}")
     pq.write_table(table, tmp)
-    digest = _sha256(tmp)
+    digest = sha256_file(tmp)
     os.replace(tmp, parquet)
     full = {
         **manifest,
@@ -88,7 +88,7 @@ def save_trajectories(folder: str | Path, trajectories: Sequence[Trajectory], ma
         "sha256": digest,
         "counts": summarize(trajectories),
     }
-    _write_json(folder / MANIFEST_FILE, full)
+    write_json_atomic(folder / MANIFEST_FILE, full)
     return folder
 
 
@@ -136,7 +136,7 @@ def load_trajectories(path: str | Path, splits: Iterable[str] | None = None) -> 
     parquet = folder / manifest.get("parquet", PARQUET_FILE)
     if not parquet.is_file():
         raise TrajectoryError(f"{parquet} is missing (the manifest names it); {REBUILD}")
-    if _sha256(parquet) != manifest.get("sha256"):
+    if sha256_file(parquet) != manifest.get("sha256"):
         raise TrajectoryError(f"{parquet} does not match the sha256 in its manifest (corrupt or replaced); {REBUILD}")
     try:
         table = pq.read_table(parquet)
@@ -169,17 +169,3 @@ def check_target(manifest: dict, fingerprint_difference: str | None, where: str)
 def _folder(path: str | Path) -> Path:
     path = Path(path)
     return path.parent if path.suffix == ".parquet" or path.name == MANIFEST_FILE else path
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,7 @@ import numpy as np
 
 from .actions import Action, ActionSpace
 from .errors import UserInputError
+from .files import write_json_atomic
 
 FORMAT = "branchpoint-latency"
 FORMAT_VERSION = 1
@@ -262,15 +262,7 @@ class LatencyModel:
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON to a temp file next to ``path``, then rename it into place."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+        return write_json_atomic(path, self.to_dict(), sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> LatencyModel:

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from export.runtime import ONNX_FILE, OUTPUTS, SIDECAR_FILE, STEP_SECONDS, sha256_file
+from decoding.files import sha256_file
+from export.runtime import ONNX_FILE, OUTPUTS, SIDECAR_FILE, STEP_SECONDS
 
 OPSET = 17
 

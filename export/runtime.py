@@ -21,7 +21,6 @@ rule and tie order as the graph's ``choice``), so the other methods' outputs are
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 from decoding.actions import parse_action
 from decoding.errors import UserInputError
 from decoding.features import FeatureError, FeatureSchema
+from decoding.files import sha256_file
 from decoding.latency import LatencyModel
 from decoding.selector import Choice, RootFeatures
 
@@ -41,14 +41,6 @@ OUTPUTS = ("expected_block_efficiency", "choice")
 
 class SelectorArtifactError(UserInputError):
     """An exported selector folder that is missing, tampered with or inconsistent."""
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_sidecar(folder: str | Path) -> dict:

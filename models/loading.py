@@ -78,9 +78,13 @@ class LMPair:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` picks CUDA when present, else CPU; anything else is passed to torch."""
+    """``auto`` picks CUDA when present (under torchrun: this process's GPU, ``cuda:$LOCAL_RANK``),
+    else CPU; anything else is passed to torch."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local = os.environ.get("LOCAL_RANK")
+        return torch.device(f"cuda:{int(local) % torch.cuda.device_count()}" if local is not None else "cuda")
     try:
         return torch.device(device)
     except RuntimeError as e:
@@ -183,16 +187,46 @@ def load_tokenizer(spec: str, cache_dir: Path = DEFAULT_CACHE_DIR):
         raise ModelLoadError(f"could not load the tokenizer of {spec!r} from {folder!r}: {_first_line(e)}") from None
 
 
-def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: Path = DEFAULT_CACHE_DIR):
-    """A causal LM in eval mode on ``device``; sdpa attention (tree masks are additive floats)."""
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
+
+
+def check_device_map(device_map: str | None) -> None:
+    """A known placement strategy, and not under a multi-process torchrun (where every rank would
+    spread its copy over the same GPUs)."""
+    if device_map is None:
+        return
+    if device_map not in DEVICE_MAPS:
+        raise ModelLoadError(f"unknown device_map {device_map!r}; use null (the whole model on `device`) "
+                             f"or one of {list(DEVICE_MAPS)}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
+        raise ModelLoadError(f"device_map={device_map!r} spreads one model over every visible GPU, so torchrun's "
+                             "ranks would all claim the same GPUs; run one process per model copy with its own "
+                             "CUDA_VISIBLE_DEVICES and --shard i/N instead (README, multi-GPU recipe)")
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's inputs go: the device of its input embeddings (the first GPU of a split model)."""
+    return model.get_input_embeddings().weight.device
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: Path = DEFAULT_CACHE_DIR,
+               device_map: str | None = None):
+    """A causal LM in eval mode; sdpa attention (tree masks are additive floats).
+
+    ``device_map=None`` puts the whole model on ``device``. ``device_map="auto"`` (or another of
+    ``DEVICE_MAPS``) lets accelerate spread the layers over every visible GPU, then CPU memory, for
+    targets too large for one device; inputs then go to ``input_device(model)`` and accelerate moves
+    activations between devices (the KV cache of each layer stays on that layer's device)."""
     from transformers import AutoModelForCausalLM
 
+    check_device_map(device_map)
     folder = resolve_model_folder(spec, cache_dir)
+    extra = {} if device_map is None else {"device_map": device_map}
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa", **extra)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load model {spec!r} from {folder!r}: {_first_line(e)}") from None
-    return model.to(device).eval()
+    return (model if device_map is not None else model.to(device)).eval()
 
 
 def eos_ids(tokenizer, model) -> list[int]:
@@ -245,12 +279,20 @@ def load_pair(
     device: str = "auto",
     dtype: str = "float32",
     cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    device_map: str | None = None,
 ) -> LMPair:
-    """Load target, draft and the shared tokenizer, checking that the tokenizers agree."""
+    """Load target, draft and the shared tokenizer, checking that the tokenizers agree.
+
+    ``device_map`` (e.g. ``"auto"``) spreads the TARGET over the visible devices (see ``load_model``);
+    a separate draft model then goes whole onto the target's input device, and the pair's ``device``
+    is that input device."""
     cache_dir = Path(cache_dir)
     dev, dt = resolve_device(device), resolve_dtype(dtype)
+    check_device_map(device_map)
     tokenizer = load_tokenizer(target_spec, cache_dir)
-    target = load_model(target_spec, dev, dt, cache_dir)
+    target = load_model(target_spec, dev, dt, cache_dir, device_map)
+    if device_map is not None:
+        dev = input_device(target)
     scheme, rest = parse_spec(draft_spec)
     if scheme == "self_draft":
         from models.self_draft import load_self_draft

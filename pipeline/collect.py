@@ -204,7 +204,7 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
         writer.write(ci, _table([mine[j] for j in chunk], rows_list, c.methods, len(space)))
     bar.close()
     writer.manifest["complete"] = True
-    from data_collection.dataset import write_json_atomic
+    from decoding.files import write_json_atomic
 
     write_json_atomic(writer.path, writer.manifest)
     return writer.manifest
@@ -226,7 +226,7 @@ def collect_metrics(cfg) -> dict:
     ctx = np.asarray(ds["context_length"])
     split = np.asarray(ds["split"])
     temps, tops = np.asarray(ds["temperature"]), np.asarray(ds["top_p"])
-    T = np.stack([latency.step_seconds(int(l), space) for l in ctx])  # [N, A]
+    T = np.stack([latency.step_seconds(int(c), space) for c in ctx])  # [N, A]
     ar = space.index(Action(1, 0, 0)) if Action(1, 0, 0) in space else None
     secs = {k: float(np.mean(ds[f"seconds_{k}"])) for k in ("draft", "target", "labels")}
     out: dict = {
@@ -250,7 +250,7 @@ def collect_metrics(cfg) -> dict:
                 trav = throughput.realized_tps(labels["traversal"][ev], T[ev], np.full(ev.sum(), trav_static))
                 s["oracle_vs_traversal_best_static"] = s["tps_oracle"] / trav
             entry.update(s)
-        for temp, top in sorted(set(zip(temps.tolist(), tops.tolist()))):
+        for temp, top in sorted(set(zip(temps.tolist(), tops.tolist(), strict=True))):
             sel = (temps == temp) & (tops == top)
             f, e = sel & fit, sel & ev
             if f.any() and e.any() and ar is not None:
@@ -267,14 +267,16 @@ def collect_metrics(cfg) -> dict:
 def run(cfg, args) -> int:
     import torch
 
-    from data_collection.dataset import merge_manifests, write_json_atomic
+    from data_collection.dataset import merge_manifests
+    from decoding.files import write_json_atomic
     from models.loading import load_pair
 
     index, count = parse_shard(args.shard)
     if not args.merge:
         torch.set_num_threads(cfg.model.threads)
         start = time.perf_counter()
-        pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+        pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
+                             cfg.model.device_map)
         collect_part(cfg, pair, index, count, args.restart, args.restart_on_change)
         print(f"collect: part {index}/{count} done in {time.perf_counter() - start:.0f} s -> {cfg.collect.out}")
         if count > 1:

@@ -30,15 +30,19 @@ class ModelConfig:
     target: str = "embedded:smollm2-135m-instruct"
     # Draft LM spec: as for target, or self_draft:<artifact folder> (target's first layers + adapter)
     draft: str = "self_draft:artifacts/draft"
-    device: str = "auto"  # auto = CUDA when present, else CPU
+    device: str = "auto"  # auto = CUDA when present (under torchrun: cuda:$LOCAL_RANK), else CPU
+    # null = the whole target on `device`; auto (balanced, sequential, ...) = accelerate spreads a target
+    # too large for one GPU over every visible GPU, then CPU memory
+    device_map: str | None = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
     cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
     threads: int = 2  # torch CPU threads of every stage that runs the models (decode, profile, collect, evaluate)
 
     def validate(self) -> None:
-        from models.loading import resolve_dtype
+        from models.loading import check_device_map, resolve_dtype
 
         resolve_dtype(self.dtype)
+        check_device_map(self.device_map)
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, not {self.threads}")
 
@@ -329,7 +333,7 @@ class EvaluateConfig:
     """Stage evaluate: TEST prompts decoded end to end with every policy, the report and the findings
     (pipeline/evaluate.py, data_collection/online_eval.py, data_collection/findings.py)."""
 
-    prompts: int = 10  # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all)
+    prompts: int = 24  # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all)
     seeds: list[int] = field(default_factory=lambda: [0])  # decoding seeds per prompt (units = prompts x seeds)
     max_new_tokens: int = 32
     # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is

@@ -63,7 +63,8 @@ def run(cfg, args) -> int:
     torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
     draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
-    pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+    pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
+                     cfg.model.device_map)
     load_s = time.perf_counter() - start
     ids = encode_prompt(prompt, pair.tokenizer, cfg.decode.chat_template and not args.no_chat_template)
     decoder = SpeculativeDecoder(pair.target, None if method == AUTOREGRESSIVE else pair.draft, pair.vocab_size,

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from decoding.errors import UserInputError
+from decoding.files import write_json_atomic
 
 LABEL_COLUMNS = ("split", "context_length", "temperature", "top_p", "source", "l1_p_q_prev")
 
@@ -130,7 +131,8 @@ def run(cfg, args) -> int:
 
     units, available = pick_units(cfg)
     torch.set_num_threads(cfg.model.threads)
-    pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+    pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
+                     cfg.model.device_map)
     decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos_ids(pair.tokenizer, pair.target))
     with_selector = ec.selector and not args.no_selector
     policies, runtime = build_policies(cfg, statics, space, with_selector)
@@ -184,23 +186,13 @@ def run(cfg, args) -> int:
             if "tps_vs_traversal_best_static" in table[name]:
                 metrics[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
     paths = write_outputs(cfg, metrics, runs)
-    _write_json(Path(ec.metrics), clean(metrics))
+    write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)
     print(paths["summary"])
     print(f"evaluate: {len(runs)} runs in {decode_seconds:.0f} s (total {metrics['seconds']['total']:.0f} s) -> "
           f"{ec.metrics}, {ec.report}, {ec.plots}/")
     if not args.no_mlflow:
         _log_mlflow(cfg, metrics, paths)
     return 0
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    """Temp file, then rename; keys keep their order (the policies' order is the report's)."""
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _train_summary(train_metrics: dict | None) -> dict | None:

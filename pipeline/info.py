@@ -51,7 +51,8 @@ def run(cfg, args) -> int:
     if args.no_models:
         return 0
     start = time.perf_counter()
-    pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+    pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
+                     cfg.model.device_map)
     print(f"pair loaded in {time.perf_counter() - start:.1f} s:")
     print(json.dumps(pair.describe(), indent=2))
     return 0

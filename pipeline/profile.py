@@ -39,13 +39,13 @@ def load_profiled_pair(cfg):
     m = cfg.model
     scheme, folder = parse_spec(m.draft)
     if scheme != "self_draft" or Path(folder).exists():
-        pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir)
+        pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.device_map)
         return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
     from models.self_draft import SelfDraft, SelfDraftConfig, target_fingerprint
 
     td = cfg.train_draft
     tokenizer = load_tokenizer(m.target, m.cache_dir)
-    target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir)
+    target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir, m.device_map)
     config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
                              vocab_subset_size=td.vocab_subset_size, int8=td.int8,
                              target_fingerprint=target_fingerprint(target))
@@ -61,8 +61,8 @@ def run(cfg, args) -> int:
     import torch
 
     from data_collection.profile import profile_pair, tile_ids
-    from decoding.sampling import Sampling
     from data_collection.prompts import encode_prompt
+    from decoding.sampling import Sampling
 
     p = cfg.profile
     torch.set_num_threads(cfg.model.threads)

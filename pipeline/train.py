@@ -127,7 +127,7 @@ def run(cfg, args) -> int:
     import torch
     from pytorch_lightning.loggers import MLFlowLogger
 
-    from data_collection.dataset import sha256_file, write_json_atomic
+    from decoding.files import sha256_file, write_json_atomic
     from models.selector import SelectorNet, save_selector
     from models.selector_baselines import baseline_reports
     from models.selector_data import SelectorDataModule

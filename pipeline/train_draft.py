@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import fields
 from pathlib import Path
+
+from decoding.files import write_json_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,7 +197,7 @@ def run(cfg, args) -> int:
     torch.manual_seed(td.seed)
     device, dtype = resolve_device(cfg.model.device), resolve_dtype(cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.target, cfg.model.cache_dir)
-    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir)
+    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, cfg.model.device_map)
     for p in target.parameters():
         p.requires_grad_(False)
     trajectories = load_split_trajectories(cfg, target)
@@ -213,10 +214,7 @@ def run(cfg, args) -> int:
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
     metrics = {**evaluate(cfg, target, tokenizer, trajectories["test"]), **facts}
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = metrics_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, metrics_path)
+    write_json_atomic(metrics_path, metrics)
     if facts.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient
 

@@ -88,14 +88,22 @@ def run(cfg, args) -> int:
     import torch
 
     from data_collection.trajectories import save_trajectories
-    from models.loading import eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
+    from models.loading import (
+        eos_ids,
+        input_device,
+        load_model,
+        load_tokenizer,
+        resolve_device,
+        resolve_dtype,
+    )
     from models.self_draft import target_fingerprint
 
     tc = cfg.trajectories
     torch.set_num_threads(tc.threads)
     device, dtype = resolve_device(cfg.model.device), resolve_dtype(cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.target, cfg.model.cache_dir)
-    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir)
+    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, cfg.model.device_map)
+    device = input_device(target)  # = device, unless model.device_map spread the target
     start = time.perf_counter()
     trajectories = sample_trajectories(cfg, target, tokenizer, progress=not args.no_progress)
     seconds = time.perf_counter() - start

@@ -30,8 +30,9 @@ def _trajectories(rng):
 
 def _collect(pair, trajs, out):
     from data_collection.collect import RootCollector
-    from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests, write_json_atomic
+    from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
     from decoding.features import FeatureSchema
+    from decoding.files import write_json_atomic
     from decoding.sampling import Sampling
     from pipeline.collect import _table, trajectory_key
 

@@ -246,7 +246,7 @@ def test_pair_lp_solver_matches_linprog():
 
 
 def test_ranking_is_the_stable_order_with_ties_by_token_id():
-    """The fast sorts (packed float sort for stage 1, insertion sort from the previous stage's order for
+    """The fast sorts (radix sort for stage 1, insertion sort from the previous stage's order for
     later stages) give exactly the rank order of a stable argsort of -(p - q1*q2), also with many ties
     and exact zeros."""
     rng = np.random.default_rng(13)

@@ -9,6 +9,7 @@ from models.loading import (
     check_tokenizers_match,
     common_vocab_size,
     embedded_gguf_path,
+    input_device,
     load_pair,
     parse_spec,
     resolve_device,
@@ -97,3 +98,47 @@ def test_embedded_default_loads_and_is_cached(smollm2_pair):
     with torch.no_grad():
         logits = smollm2_pair.target(ids).logits[0, -1]
     assert torch.isfinite(logits).all()
+
+
+def test_device_map_loads_the_same_model(tmp_path, monkeypatch):
+    """model.device_map=auto goes through accelerate's dispatch (here everything lands on the CPU, the
+    only device): same logits as the plain load, and the pair's device is the target's input device."""
+    from transformers import AutoModelForCausalLM
+
+    t = save_tiny_model(tmp_path / "target", 2, seed=0)
+    d = save_tiny_model(tmp_path / "draft", 1, seed=1)
+    plain = load_pair(f"hf:{t}", f"hf:{d}", device="cpu")
+    seen, original = [], AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append((str(args[0]), kwargs.get("device_map")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    mapped = load_pair(f"hf:{t}", f"hf:{d}", device="cpu", device_map="auto")
+    assert seen == [(str(t), "auto"), (str(d), None)]  # the target is dispatched, the draft goes whole
+    assert mapped.device == input_device(mapped.target) == torch.device("cpu")
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(mapped.target(ids).logits, plain.target(ids).logits, rtol=0, atol=0)
+    with pytest.raises(ModelLoadError, match="unknown device_map 'everywhere'"):
+        load_pair(f"hf:{t}", f"hf:{d}", device="cpu", device_map="everywhere")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ModelLoadError, match="CUDA_VISIBLE_DEVICES and --shard"):
+        load_pair(f"hf:{t}", f"hf:{d}", device="cpu", device_map="auto")
+
+
+def test_device_auto_under_torchrun_takes_the_local_rank(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert str(resolve_device("auto")) == expected
+
+
+def test_config_validates_device_map():
+    from pipeline.config import load_config
+
+    assert load_config(None, ["model.device_map=auto"]).model.device_map == "auto"
+    assert load_config(None, []).model.device_map is None
+    with pytest.raises(Exception, match="unknown device_map"):
+        load_config(None, ["model.device_map=gpu0"])

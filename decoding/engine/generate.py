@@ -28,7 +28,15 @@ import torch
 from ..actions import Action
 from ..errors import UserInputError
 from ..sampling import Sampling, draw
-from ..selector import Choice, RootFeatures, Selector, as_policy, needs_draft, needs_hidden_states, static_action
+from ..selector import (
+    Choice,
+    RootFeatures,
+    Selector,
+    as_policy,
+    needs_draft,
+    needs_hidden_states,
+    static_action,
+)
 from ..tree import build_tree
 from ..verifiers import get_method
 from ..verifiers.base import VerificationMethod

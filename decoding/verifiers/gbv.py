@@ -43,13 +43,14 @@ from ..actions import Action
 from ..probability import as_float64
 from ..tree import DraftTree
 from .delayed_labels import UnionContext, per_action_labels
-from .gbv_numerics import excess, lexmax_at, node_buckets, plain_excess
+from .gbv_numerics import NodeBuffers, excess, lexmax_at, ratio
 from .traversal import (
     traversal_expected_block_efficiency,
     traversal_expected_block_efficiency_mc,
     traversal_outcome_distribution,
     traversal_verify,
 )
+from .traversal_union import delayed_traversal_labels, trunk_weights
 
 
 def ratio_keys(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -175,61 +176,65 @@ def _h(s_mass: float, w: float) -> float:
     return s_mass / (s_mass + 1.0 - w) if s_mass > 0.0 else 0.0
 
 
+@dataclass
+class _GreedyPath:
+    """One K's greedy chain below the branch node, built depth by depth."""
+
+    w: list[float]  # forward weights of the chain nodes so far (root first)
+    h: list[float]  # weights after rejection of the chain nodes whose child is known
+    node: int  # current chain node (union index)
+    cands: list[int]  # rollouts still tied with the maximum
+    rho: float = 1.0
+
+
 def gbv_union_labels(ctx: UnionContext) -> np.ndarray:
-    """``[len(space)]`` exact GBV labels of every action of a union tree (see the module docstring)."""
+    """``[len(space)]`` exact GBV labels of every action of a union tree (see the module docstring).
+    K = 1 and L2 = 0 actions are Block Verification's labels (traversal_union.py, shared with ``bv``),
+    and so is the trunk part of every greedy chain. The greedy chains of all K at one branch depth
+    advance together, one depth at a time, so each node's ratio buckets are built once, into buffers
+    reused for every node."""
     union, p_rows = ctx.union, ctx.p_rows
     tree, space = union.tree, union.space
     q_rows, tokens = tree.q_rows, tree.tokens
-    buckets = ctx.cache("gbv_buckets")  # node -> (p, q, *node_buckets(p, q)), built once per node
-
-    def rows64(n: int) -> tuple[np.ndarray, np.ndarray]:
-        return as_float64(p_rows[n]), as_float64(q_rows[n])
-
-    def bucketed(n: int):
-        if n not in buckets:
-            p, q = rows64(n)
-            buckets[n] = (p, q, *node_buckets(p, q))
-        return buckets[n]
-
-    def step(w: float, p_x: float, q_x: float) -> float:
-        return min(w * p_x / q_x, 1.0)
-
-    max_l1, ro = union.max_l1, union.rollouts  # ro [J, Kmax, L2max]
-    w_t, h_t = np.ones(max_l1 + 1), np.ones(max_l1)
-    for j in range(1, max_l1 + 1):
-        w_t[j] = step(w_t[j - 1], float(p_rows[j - 1, tokens[j]]), float(q_rows[j - 1, tokens[j]]))
-        if j < max_l1:
-            h_t[j] = _h(plain_excess(*rows64(j), w_t[j]), w_t[j])
-    e_trunk = chain_expectations(w_t, h_t)
-    out = np.full(len(space), np.nan)
-    for i, a in enumerate(space.actions):
-        if a.L2 == 0:
-            out[i] = e_trunk[a.L1]
-    l2max = ro.shape[2]
+    out = delayed_traversal_labels(ctx, chains_only=True)  # K = 1, L2 = 0: GBV is BV
+    ro = union.rollouts  # [J, Kmax, L2max]
+    l2max, ks = ro.shape[2], [k for k in space.K if k > 1]
+    if not l2max or not ks:
+        return out
+    w_t, h_t = trunk_weights(ctx)
+    buf = NodeBuffers(tree.vocab_size)
+    mem = buf.members_args()
     for row, j in enumerate(space.L1):
-        for k in space.K if l2max else ():
-            w, h = list(w_t[: j + 1]), list(h_t[:j])
-            node, rho, cands = j, 1.0, list(range(k))  # cands: rollouts still tied with the maximum
-            for d in range(l2max):
-                toks = [int(tokens[ro[row, c, d]]) for c in cands]
-                best = toks[0]
-                if k == 1:
-                    p, q = rows64(node)
-                    q_best = float(q[best])
-                    h.append(1.0 if node == 0 else _h(plain_excess(p, q, w[-1]), w[-1]))
-                else:
-                    p, q, s, bk, perm, off, P, Q, smin, smax, p_free = bucketed(node)
-                    for t in toks[1:]:
-                        if greater(s, t, best):
-                            best = t
-                    q_best, g = lexmax_at(q, s, bk, perm, off, Q, best, rho, k)
-                    h.append(1.0 if node == 0 else
-                             _h(excess(p, q, s, bk, perm, off, P, Q, smin, smax, p_free, w[-1], rho, k), w[-1]))
-                    rho = rho * float(q[best]) / g
-                w.append(step(w[-1], float(p[best]), q_best))
-                cands = [c for c, t in zip(cands, toks, strict=True) if t == best]
-                node = int(ro[row, cands[0], d])
-            e = chain_expectations(np.asarray(w), np.asarray(h[: len(w) - 1]))
+        paths = {k: _GreedyPath(list(w_t[: j + 1]), list(h_t[:j]), j, list(range(k))) for k in ks}
+        for d in range(l2max):
+            at: dict[int, list[int]] = {}
+            for k, path in paths.items():
+                at.setdefault(path.node, []).append(k)
+            for node, group in at.items():
+                p, q = as_float64(p_rows[node]), as_float64(q_rows[node])
+                nz, p_free = buf.fill(p, q)
+                for k in group:
+                    path = paths[k]
+                    toks = [int(tokens[ro[row, c, d]]) for c in path.cands]
+                    best, s_best = toks[0], ratio(p, q, toks[0])
+                    for t in toks[1:]:  # the largest token in the node's order (ratio, then the smaller id)
+                        s_t = ratio(p, q, t)
+                        if s_t > s_best or (s_t == s_best and t < best):
+                            best, s_best = t, s_t
+                    q_best, g = lexmax_at(p, q, buf.bk, buf.Q, nz, best, path.rho, k, *mem)
+                    w = path.w[-1]
+                    if node == 0:
+                        path.h.append(1.0)
+                    elif w > 0.0:
+                        path.h.append(_h(excess(p, q, buf.bk, buf.P, buf.Q, nz, p_free, w, path.rho, k, *mem), w))
+                    else:
+                        path.h.append(0.0)
+                    path.rho = path.rho * float(q[best]) / g
+                    path.w.append(min(w * float(p[best]) / q_best, 1.0))
+                    path.cands = [c for c, t in zip(path.cands, toks, strict=True) if t == best]
+                    path.node = int(ro[row, path.cands[0], d])
+        for k, path in paths.items():
+            e = chain_expectations(np.asarray(path.w), np.asarray(path.h[: len(path.w) - 1]))
             for l2 in space.L2:
                 if l2 > 0:
                     out[space.index(Action(k, j, l2))] = e[j + l2]

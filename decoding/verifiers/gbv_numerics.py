@@ -10,13 +10,15 @@ Lexicographic-maximum law, scaled form (rho in (0, 1], K >= 1; C< = q-mass of to
 ``m(t) = sum_{i<K} G^i F^(K-1-i) / Z``, ``Z = sum_{i<K} (1 - rho)^i``.
 
 ``excess(w)`` = sum_t (w p(t) - q~(t))+ (Block Verification's S at a path node) needs C<(t) for every
-token, i.e. the order. Instead of sorting, ``node_buckets`` groups tokens by ratio into NB buckets
-(monotone in s: the float's exponent and top 5 mantissa bits). Within bucket b, F and G lie in
-``[F_lo, F_hi]`` (its q-mass range), so ``K F_lo^(K-1) / Z <= m(t) <= K F_hi^(K-1) / Z``: if
-``w s_min >= K F_hi^(K-1) / Z`` every term is >= 0 and the bucket contributes
-``w P_b - Q_b sum_i F_hi^i F_lo^(K-1-i) / Z`` (its exact q~-mass, in closed form); if
-``w s_max <= K F_lo^(K-1) / Z`` it contributes 0; only the remaining (mixed) buckets are sorted and
-summed token by token. The result equals the sorted sum up to rounding (tests compare them).
+token, i.e. the order. Instead of sorting, ``node_buckets`` makes one pass over the rows and groups
+tokens by ratio into NB buckets (monotone in s: the float's exponent and top 7 mantissa bits, so
+bucket b holds exactly the ratios in ``[LO[b], LO[b+1])``); it keeps each token's bucket (int16) and
+each bucket's p- and q-mass. Within bucket b, F and G lie in ``[F_lo, F_hi]`` (its q-mass range), so
+``K F_lo^(K-1) / Z <= m(t) <= K F_hi^(K-1) / Z``: if ``w LO[b] >= K F_hi^(K-1) / Z`` every term is >= 0
+and the bucket contributes ``w P_b - Q_b sum_i F_hi^i F_lo^(K-1-i) / Z`` (its exact q~-mass, in
+closed form); if ``w LO[b+1] <= K F_lo^(K-1) / Z`` it contributes 0; only the tokens of the remaining
+(mixed) buckets are gathered, sorted and summed one by one. The result equals the sorted sum up to
+rounding (tests compare them).
 """
 
 from __future__ import annotations
@@ -26,67 +28,60 @@ import math
 import numpy as np
 from numba import njit
 
-E0, MANT_BITS = 40, 5  # exponents -E0..E0-1 (ratios 2^-40 .. 2^40; beyond: first / last bucket), 32 sub-buckets
+E0, MANT_BITS = 40, 7  # exponents -E0..E0-1 (ratios 2^-40 .. 2^40; beyond: first / last bucket), 128 sub-buckets
 NB = 2 * E0 << MANT_BITS
+_SHIFT = 52 - MANT_BITS
 _BASE = (1023 - E0) << MANT_BITS
+# LO[b]: the smallest ratio of bucket b (LO[0] = 0, LO[NB] = inf): bucket b holds ratios in [LO[b], LO[b+1])
+LO = np.concatenate([[0.0], ((np.arange(1, NB, dtype=np.int64) + _BASE) << _SHIFT).view(np.float64), [np.inf]])
 
 
 @njit(cache=True)
-def node_buckets(p: np.ndarray, q: np.ndarray):
-    """Ratio buckets of one node's rows p, q ``[V]`` (float64). Returns (s [V] ratios (inf where q = 0),
-    bk [V] bucket of each token (-1 where q = 0), perm [V'] tokens with q > 0 grouped by bucket
-    (ascending id inside), off [NB+1], P [NB], Q [NB], smin [NB], smax [NB], p_free = p-mass of
-    tokens with q = 0). A bucket is the float's exponent and top 5 mantissa bits (monotone in s)."""
+def ratio(p, q, t: int) -> float:
+    """s(t) = p(t) / q(t) in float64 (inf where q(t) = 0)."""
+    return p[t] / q[t] if q[t] > 0.0 else math.inf
+
+
+@njit(cache=True)
+def node_buckets(p, q, scratch, bk, P, Q):
+    """Ratio buckets of one node's rows p, q ``[V]`` (float64), in one pass over the rows. Fills
+    bk [V] int16 (each token's bucket; -1 where q = 0: never drawn) and P, Q [NB] (p- and q-mass per
+    bucket); ``scratch``: any float64 [V] (overwritten). Returns (nz: the non-empty buckets,
+    ascending; p_free: the p-mass of the tokens with q = 0)."""
     V = p.shape[0]
-    s = np.empty(V)
     for t in range(V):
-        s[t] = p[t] / q[t] if q[t] > 0.0 else math.inf
-    bits = s.view(np.int64)
-    bk = np.empty(V, dtype=np.int64)
-    count = np.zeros(NB + 1, dtype=np.int64)
-    P, Q = np.zeros(NB), np.zeros(NB)
-    smin, smax = np.full(NB, np.inf), np.zeros(NB)
+        scratch[t] = p[t] / q[t] if q[t] > 0.0 else math.inf
+    bits = scratch.view(np.int64)
+    for t in range(V):
+        bk[t] = min(max((bits[t] >> _SHIFT) - _BASE, 0), NB - 1) if q[t] > 0.0 else -1
+    P[:] = 0.0
+    Q[:] = 0.0
     p_free = 0.0
-    for t in range(V):
-        if q[t] > 0.0:
-            b = min(max((bits[t] >> (52 - MANT_BITS)) - _BASE, 0), NB - 1)
-            bk[t] = b
-            count[b + 1] += 1
-            P[b] += p[t]
-            Q[b] += q[t]
-            smin[b] = min(smin[b], s[t])
-            smax[b] = max(smax[b], s[t])
-        else:
-            bk[t] = -1
-            p_free += p[t]
-    off = np.cumsum(count)
-    fill = off[:-1].copy()
-    perm = np.empty(off[-1], dtype=np.int64)
     for t in range(V):
         b = bk[t]
         if b >= 0:
-            perm[fill[b]] = t
-            fill[b] += 1
-    return s, bk, perm, off, P, Q, smin, smax, p_free
+            P[b] += p[t]
+            Q[b] += q[t]
+        else:
+            p_free += p[t]
+    return np.flatnonzero(Q > 0.0), p_free  # a token with q > 0 adds q > 0 to its bucket
 
 
 @njit(cache=True)
-def plain_excess(p: np.ndarray, q: np.ndarray, w: float) -> float:
-    """sum_t (w p(t) - q(t))+ (K = 1: q~ = q)."""
-    total = 0.0
-    for t in range(p.shape[0]):
-        d = w * p[t] - q[t]
-        if d > 0.0:
-            total += d
-    return total
+def _ipow(x: float, n: int) -> float:
+    out = 1.0
+    for _ in range(n):
+        out *= x
+    return out
 
 
 @njit(cache=True)
 def _m(F: float, G: float, K: int, Z: float) -> float:
-    acc, gi = 0.0, 1.0
-    for i in range(K):
-        acc += gi * F ** (K - 1 - i)
-        gi *= G
+    """sum_{i<K} G^i F^(K-1-i) / Z (Horner: S_1 = 1, S_(k+1) = F^k + G S_k)."""
+    acc, fk = 1.0, 1.0
+    for _ in range(1, K):
+        fk *= F
+        acc = fk + G * acc
     return acc / Z
 
 
@@ -100,29 +95,67 @@ def norm_z(rho: float, K: int) -> float:
     return z
 
 
-@njit(cache=True)
-def _sorted_bucket(s: np.ndarray, toks: np.ndarray) -> np.ndarray:
-    """The bucket's tokens (ascending id) in the node's order: s ascending, ties by id descending."""
-    rev = toks[::-1].copy()
-    return rev[np.argsort(s[rev], kind="mergesort")]
+class NodeBuffers:
+    """Reusable arrays for one node's buckets (``node_buckets`` fills them; valid until the next node):
+    scratch [V], bk [V] int16, P, Q [NB], and the sorted members of the buckets looked at so far
+    (bucket b's tokens in the node's order are ``members[start[b] : start[b] + count[b]]``; start = -1:
+    not gathered yet; ``used[0]``: entries of ``members`` in use)."""
+
+    def __init__(self, V: int):
+        self.scratch, self.bk = np.empty(V), np.empty(V, dtype=np.int16)
+        self.P, self.Q = np.empty(NB), np.empty(NB)
+        self.start, self.count = np.full(NB, -1, dtype=np.int64), np.zeros(NB, dtype=np.int64)
+        self.members, self.used = np.empty(V, dtype=np.int64), np.zeros(1, dtype=np.int64)
+
+    def fill(self, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, float]:
+        """Bucket one node's rows; returns (nz, p_free) as ``node_buckets``."""
+        self.start[:] = -1
+        self.used[0] = 0
+        return node_buckets(p, q, self.scratch, self.bk, self.P, self.Q)
+
+    def members_args(self) -> tuple:
+        """The member-cache arrays, in the order ``excess`` and ``lexmax_at`` take them."""
+        return self.start, self.count, self.members, self.used
 
 
 @njit(cache=True)
-def excess(p, q, s, bk, perm, off, P, Q, smin, smax, p_free, w: float, rho: float, K: int) -> float:
+def sorted_members(p, q, bk, b: int, start, count, members, used) -> np.ndarray:
+    """The tokens of bucket b in the node's order (s ascending, ties by id descending), gathered by
+    two vectorized scans of bk and sorted on the first request, then read from the member cache."""
+    if start[b] < 0:
+        n = 0
+        for t in range(bk.shape[0]):
+            n += bk[t] == b
+        toks = np.empty(n, dtype=np.int64)
+        i = n
+        for t in range(bk.shape[0]):
+            if bk[t] == b:
+                i -= 1
+                toks[i] = t  # descending id
+        s = np.empty(n)
+        for i in range(n):
+            s[i] = p[toks[i]] / q[toks[i]]
+        lo = used[0]
+        members[lo:lo + n] = toks[np.argsort(s, kind="mergesort")]
+        start[b], count[b] = lo, n
+        used[0] = lo + n
+    return members[start[b]:start[b] + count[b]]
+
+
+@njit(cache=True)
+def excess(p, q, bk, P, Q, nz, p_free: float, w: float, rho: float, K: int, start, count, members, used) -> float:
     """sum_t (w p(t) - q~(t))+ for the lexicographic-maximum law q~ of (rho, K) (module docstring)."""
     Z = norm_z(rho, K)
     total = w * p_free
     C = 0.0
-    for b in range(NB):
-        if off[b + 1] == off[b]:
-            continue
+    for b in nz:
         f_lo = (1.0 - rho) + rho * C
         f_hi = (1.0 - rho) + rho * (C + Q[b])
-        if w * smin[b] >= K * f_hi ** (K - 1) / Z:
+        if w * LO[b] >= K * _ipow(f_hi, K - 1) / Z:
             total += w * P[b] - Q[b] * _m(f_lo, f_hi, K, Z)
-        elif w * smax[b] > K * f_lo ** (K - 1) / Z:
+        elif w * LO[b + 1] > K * _ipow(f_lo, K - 1) / Z:
             run = C
-            for t in _sorted_bucket(s, perm[off[b]:off[b + 1]]):
+            for t in sorted_members(p, q, bk, b, start, count, members, used):
                 F = (1.0 - rho) + rho * run
                 total += max(w * p[t] - q[t] * _m(F, F + rho * q[t], K, Z), 0.0)
                 run += q[t]
@@ -131,15 +164,18 @@ def excess(p, q, s, bk, perm, off, P, Q, smin, smax, p_free, w: float, rho: floa
 
 
 @njit(cache=True)
-def lexmax_at(q, s, bk, perm, off, Q, t: int, rho: float, K: int):
+def lexmax_at(p, q, bk, Q, nz, t: int, rho: float, K: int, start, count, members, used):
     """(q~(t), G(t)) of the lexicographic-maximum law of (rho, K) at token t (q(t) > 0)."""
     b = bk[t]
     C = 0.0
-    for c in range(b):
+    for c in nz:
+        if c >= b:
+            break
         C += Q[c]
-    for u in perm[off[b]:off[b + 1]]:
-        if s[u] < s[t] or (s[u] == s[t] and u > t):
-            C += q[u]
+    for u in sorted_members(p, q, bk, b, start, count, members, used):
+        if u == t:
+            break
+        C += q[u]
     F = (1.0 - rho) + rho * C
     G = F + rho * q[t]
     return q[t] * _m(F, G, K, norm_z(rho, K)), G

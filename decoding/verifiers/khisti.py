@@ -20,7 +20,7 @@ Terms (ALGORITHMS.md sections 3.1 and 3.1b):
 - LP solver: the spec names scipy's linprog (HiGHS); its call overhead (~3-5 ms) dwarfed the tiny LP,
   so `solve_pair_lp` solves the same LP exactly as a maximum flow (see there); tests compare its
   optimum with linprog's. It "fails" (-> fallback) on non-finite input.
-- speed (V ~ 50k; khisti_numerics.py): stage 1 ranks all tokens with a packed float sort; a later
+- speed (V ~ 50k; khisti_numerics.py): stage 1 ranks all tokens with a radix sort; a later
   stage starts from the previous stage's rank order, which the new keys leave nearly sorted, and an
   insertion sort fixes it; ties are always put in token-id order, so the ranking is exactly that of a
   stable argsort by -(p - q1*q2). A stage's arrays stay in rank order, and one compiled pass over the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -28,6 +29,7 @@ from .delayed_labels import UnionContext, per_action_labels, repeated_verificati
 from .gbv import GBVMethod
 from .khisti import KhistiSolver
 from .ot import OTMethod, make_ot_methods
+from .traversal_union import delayed_traversal_labels
 
 
 class SubtreeLabelFn(Protocol):
@@ -49,7 +51,8 @@ class SubtreeEstimateFn(Protocol):
 class BottomUpMethod(ChainRestricted):
     """A verifier given by plain functions (Traversal / Block Verification). Its label is exact when
     ``block_efficiency_fn`` is given (Traversal's fixed test sequence, traversal.py); on a union tree
-    it is evaluated per canonical action on the sub-tree's nodes, sharing one residual-mass cache.
+    it is evaluated by ``union_fn`` for all actions at once (traversal_union.py), else per canonical
+    action on the sub-tree's nodes, sharing one residual-mass cache.
     Without ``block_efficiency_mc_fn`` the estimate verifies copied sub-trees repeatedly."""
 
     name: str
@@ -60,6 +63,7 @@ class BottomUpMethod(ChainRestricted):
     chains_only: bool = False
     description: str = ""
     mass_cache_key: str = "traversal"  # UnionContext.cache key: methods with the same residual masses share it
+    union_fn: Callable[[UnionContext], np.ndarray] | None = None  # all actions of a union tree at once
     tree_alternative: ClassVar[str] = "'traversal' on trees"
 
     @property
@@ -84,6 +88,8 @@ class BottomUpMethod(ChainRestricted):
         return float(self.block_efficiency_fn(tree, p_rows))
 
     def union_block_efficiency(self, ctx: UnionContext) -> np.ndarray:
+        if self.union_fn is not None:
+            return self.union_fn(ctx)
         fn = self.block_efficiency_fn
         if fn is None:
             raise NotImplementedError(f"method {self.name!r} has no exact block efficiency; "
@@ -110,8 +116,10 @@ def _build() -> dict[str, VerificationMethod]:
         *make_ot_methods(),
         OTMethod("khisti", KhistiSolver(),
                  description="Khisti et al. importance-weighted selection (pairwise LP tournament)"),
-        BottomUpMethod("traversal", *fns, description="Traversal Verification (bottom-up, sequence level)"),
-        BottomUpMethod("bv", *fns, chains_only=True, description="Block Verification (= traversal on chains)"),
+        BottomUpMethod("traversal", *fns, description="Traversal Verification (bottom-up, sequence level)",
+                       union_fn=delayed_traversal_labels),
+        BottomUpMethod("bv", *fns, chains_only=True, description="Block Verification (= traversal on chains)",
+                       union_fn=partial(delayed_traversal_labels, chains_only=True)),
         GBVMethod(),
     ]
     return {m.name: m for m in methods}

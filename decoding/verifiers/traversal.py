@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..probability import categorical
+from .mass_numerics import residual_mass
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,6 @@ class TraversalSchedule:
         """[T] P(the step ends at test t) = a_t prod_{u<t} (1 - a_u)."""
         survive = np.concatenate([[1.0], np.cumprod(1.0 - self.accept)[:-1]])
         return self.accept * survive
-
-
-def _residual_mass(p: np.ndarray, q: np.ndarray, r: float) -> float:
-    """Z(r) = sum_x (p(x) - r q(x))+ for one node's rows p, q [V]."""
-    d = q * -r
-    d += p
-    np.maximum(d, 0.0, out=d)
-    return float(d.sum())
 
 
 def _check(tree, p_rows: np.ndarray) -> None:
@@ -103,7 +96,7 @@ def traversal_schedule(tree, p_rows: np.ndarray, nodes: Iterable[int] | None = N
     def mass(n: int, r: float) -> float:
         key = (n, r)
         if key not in cache:
-            cache[key] = _residual_mass(p_rows[n], tree.q_rows[n], r)
+            cache[key] = residual_mass(p_rows[n], tree.q_rows[n], r)
         return cache[key]
 
     def visit(n: int, w: float) -> None:

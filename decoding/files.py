@@ -1,0 +1,36 @@
+"""File helpers every stage shares (standard library only, so the torch-free runtime may use them).
+
+- ``sha256_file``: the hex sha256 of a file, read in 1 MiB blocks (shards, manifests, ONNX files).
+- ``write_json_atomic``: JSON written to a temp file next to the target, then renamed into place, so a
+  reader never sees half a file and an interrupted write leaves the old file (or none) behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of the file at ``path``."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_json_atomic(path: str | Path, obj, sort_keys: bool = True) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` (parents created) via a temp file and a rename;
+    ``sort_keys=False`` keeps the dicts' own key order. Values JSON cannot encode are written as str."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
