@@ -89,6 +89,8 @@ def _union_cases():
     yield space, TablePair(5, 2)
     target, draft = dirichlet_pair(40, 5)
     yield ActionSpace(K=range(1, 4), L1=[0, 2, 3], L2=range(0, 5)), (target, draft)
+    # no K = 1, no L2 = 0, no L1 = 0: the sweeps must not assume a chain or the root as branch node
+    yield ActionSpace(K=[2, 3], L1=[1, 3], L2=range(1, 4)), (target, draft)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
