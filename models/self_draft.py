@@ -222,9 +222,11 @@ class SelfDraft(nn.Module):
         return h
 
     def head_logits(self, h: torch.Tensor, adapter=None, head=None, return_hidden: bool = False):
-        """Subset logits [..., N] from hidden states after layer k [..., H] (and the normed hidden state)."""
-        h = self.final_norm((self.adapter if adapter is None else adapter)(h))  # [..., H]
-        z = (self.head if head is None else head)(h)
+        """Subset logits [..., N] from hidden states after layer k [..., H] (and the normed hidden state).
+        (On a target split over GPUs the shared layers and the adapter/head may sit on different devices:
+        the hidden states follow the adapter; a no-op on one device.)"""
+        h = self.final_norm((self.adapter if adapter is None else adapter)(h.to(self.device)))  # [..., H]
+        z = (self.head if head is None else head)(h.to(self.device))
         return (z, h) if return_hidden else z
 
     def subset_logits(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,

@@ -101,9 +101,11 @@ class KVState:
             for layer in self.cache.layers:
                 if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
                     continue
-                # advanced indexing copies first, so overlapping source/destination slots are safe
-                layer.keys[:, :, dst0:new_len] = layer.keys[:, :, src]
-                layer.values[:, :, dst0:new_len] = layer.values[:, :, src]
+                # advanced indexing copies first, so overlapping source/destination slots are safe; a
+                # target split over GPUs (model.device_map) keeps each layer's cache on its own device
+                idx = src if src.device == layer.keys.device else src.to(layer.keys.device)
+                layer.keys[:, :, dst0:new_len] = layer.keys[:, :, idx]
+                layer.values[:, :, dst0:new_len] = layer.values[:, :, idx]
         self.crop(new_len, _positions=[self.positions[s] for s in slots])
 
     def fork(self, length: int) -> KVState:
