@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..actions import Action
 from .delayed_labels import UnionContext
 from .mass_numerics import residual_mass
 
@@ -162,7 +161,3 @@ def delayed_traversal_labels(ctx: UnionContext, chains_only: bool = False) -> np
         labels[[not a.is_chain for a in ctx.union.space.actions]] = np.nan
     return labels
 
-
-def chain_label(ctx: UnionContext, action: Action) -> float:
-    """Block Verification's label of a chain action (K = 1 or L2 = 0)."""
-    return float(delayed_traversal_labels(ctx, chains_only=True)[ctx.union.space.index(action)])
