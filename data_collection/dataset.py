@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.errors import UserInputError
-from decoding.files import sha256_file, write_json_atomic
+from decoding.files import read_json, sha256_file, write_json_atomic
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -160,13 +160,7 @@ def merge_manifests(out: str | Path, expected_count: int | None = None) -> dict:
 
 
 def read_manifest(out: str | Path) -> dict:
-    path = Path(out) / MANIFEST
-    if not path.is_file():
-        raise DatasetError(f"{path} not found: run `branchpoint collect` (or `dvc repro collect`) first")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: not valid JSON ({e})") from None
+    return read_json(Path(out) / MANIFEST, DatasetError, "run `branchpoint collect` (or `dvc repro collect`) first")
 
 
 def load_collected(out: str | Path, splits: Iterable[str] | None = None, verify: bool = True):

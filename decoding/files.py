@@ -3,6 +3,8 @@
 - ``sha256_file``: the hex sha256 of a file, read in 1 MiB blocks (shards, manifests, ONNX files).
 - ``write_json_atomic``: JSON written to a temp file next to the target, then renamed into place, so a
   reader never sees half a file and an interrupted write leaves the old file (or none) behind.
+- ``read_json``: a JSON file, or the caller's error naming the file and what to do when it is missing
+  or not JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +22,18 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def read_json(path: str | Path, error: type[Exception], missing: str):
+    """The parsed JSON at ``path``; raises ``error("<path> not found: <missing>")`` when there is no
+    file and ``error("<path>: not valid JSON (...)")`` when it does not parse."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path} not found: {missing}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
 
 
 def write_json_atomic(path: str | Path, obj, sort_keys: bool = True) -> Path:

@@ -21,7 +21,6 @@ rule and tie order as the graph's ``choice``), so the other methods' outputs are
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ import numpy as np
 from decoding.actions import parse_action
 from decoding.errors import UserInputError
 from decoding.features import FeatureError, FeatureSchema
-from decoding.files import sha256_file
+from decoding.files import read_json, sha256_file
 from decoding.latency import LatencyModel
 from decoding.selector import Choice, RootFeatures
 
@@ -44,13 +43,7 @@ class SelectorArtifactError(UserInputError):
 
 
 def read_sidecar(folder: str | Path) -> dict:
-    path = Path(folder) / SIDECAR_FILE
-    if not path.is_file():
-        raise SelectorArtifactError(f"{path} not found: export a selector first (`branchpoint export`)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SelectorArtifactError(f"{path}: not valid JSON ({e})") from None
+    return read_json(Path(folder) / SIDECAR_FILE, SelectorArtifactError, "export a selector first (`branchpoint export`)")
 
 
 class SelectorRuntime:

@@ -288,7 +288,6 @@ def load_pair(
     is that input device."""
     cache_dir = Path(cache_dir)
     dev, dt = resolve_device(device), resolve_dtype(dtype)
-    check_device_map(device_map)
     tokenizer = load_tokenizer(target_spec, cache_dir)
     target = load_model(target_spec, dev, dt, cache_dir, device_map)
     if device_map is not None:

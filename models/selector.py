@@ -40,6 +40,7 @@ from torch import nn
 
 from decoding.actions import Action, parse_action
 from decoding.errors import UserInputError
+from decoding.files import read_json
 
 FORMAT = "branchpoint-selector"
 FORMAT_VERSION = 1
@@ -183,12 +184,7 @@ def save_selector(folder: str | Path, net: SelectorNet, meta: Mapping) -> Path:
 
 def read_selector_meta(folder: str | Path) -> dict:
     path = Path(folder) / META_FILE
-    if not path.is_file():
-        raise SelectorLoadError(f"{path} not found: train a selector first (`branchpoint train`)")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SelectorLoadError(f"{path}: not valid JSON ({e})") from None
+    meta = read_json(path, SelectorLoadError, "train a selector first (`branchpoint train`)")
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise SelectorLoadError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file (format {meta.get('format')!r} "
                                 f"v{meta.get('format_version')!r})")

@@ -51,9 +51,9 @@ class SubtreeEstimateFn(Protocol):
 class BottomUpMethod(ChainRestricted):
     """A verifier given by plain functions (Traversal / Block Verification). Its label is exact when
     ``block_efficiency_fn`` is given (Traversal's fixed test sequence, traversal.py); on a union tree
-    it is evaluated by ``union_fn`` for all actions at once (traversal_union.py), else per canonical
-    action on the sub-tree's nodes, sharing one residual-mass cache.
-    Without ``block_efficiency_mc_fn`` the estimate verifies copied sub-trees repeatedly."""
+    ``union_fn`` gives the exact labels of all actions at once (traversal_union.py; the per-action
+    reference is labels.reference_union_labels). Estimates run per canonical action, sharing one
+    residual-mass cache; without ``block_efficiency_mc_fn`` they verify copied sub-trees repeatedly."""
 
     name: str
     verify_fn: Callable[[DraftTree, np.ndarray, np.random.Generator], tuple[list[int], int]]
@@ -88,14 +88,10 @@ class BottomUpMethod(ChainRestricted):
         return float(self.block_efficiency_fn(tree, p_rows))
 
     def union_block_efficiency(self, ctx: UnionContext) -> np.ndarray:
-        if self.union_fn is not None:
-            return self.union_fn(ctx)
-        fn = self.block_efficiency_fn
-        if fn is None:
-            raise NotImplementedError(f"method {self.name!r} has no exact block efficiency; "
-                                      "estimate it by repeated verification (union_labels(..., repeats=64))")
-        tree, cache = ctx.union.tree, ctx.cache(self.mass_cache_key)
-        return per_action_labels(ctx, lambda _, nodes: fn(tree, ctx.p_rows, nodes, cache), self.chains_only)[0]
+        if self.union_fn is None:
+            raise NotImplementedError(f"method {self.name!r} has no exact union-tree labels; "
+                                      "estimate them by repeated verification (union_labels(..., repeats=64))")
+        return self.union_fn(ctx)
 
     def estimate_union_block_efficiency(self, ctx, repeats, rng):
         if rng is None:

@@ -63,6 +63,17 @@ class TraversalSchedule:
         return self.accept * survive
 
 
+def child_weight(p_row: np.ndarray, q_row: np.ndarray, token: int, w: float, r: float = 0.0, z: float = 1.0) -> float:
+    """Initial weight ``min(w M_b(x) / M_s(x), 1)`` of a child with ``token`` under a node of weight w
+    whose target law is the residual (p - r q)+ / z (r = 0, z = 1: p itself) and draft law q."""
+    qx = float(q_row[token])
+    if not qx > 0.0:
+        raise ValueError(f"traversal: a child has token {token} with q = {qx} under its node; "
+                         "children must be draws from q(.|node)")
+    bx = max(float(p_row[token]) - r * qx, 0.0) / z
+    return min(w * bx / qx, 1.0)
+
+
 def _check(tree, p_rows: np.ndarray) -> None:
     n = len(tree.tokens)
     if p_rows.ndim != 2 or p_rows.shape[0] != n or p_rows.shape[1] != tree.q_rows.shape[1]:
@@ -106,13 +117,7 @@ def traversal_schedule(tree, p_rows: np.ndarray, nodes: Iterable[int] | None = N
         for c in kids:
             if w <= 0.0:  # n is removed: its remaining subtree is rejected surely
                 break
-            x = int(tree.tokens[c])
-            qx = float(q_row[x])
-            if not qx > 0.0:
-                raise ValueError(f"traversal: child node {c} has token {x} with q = {qx} at node {n}; "
-                                 "children must be draws from q(.|node)")
-            bx = max(float(p_row[x]) - r * qx, 0.0) / z
-            visit(c, min(w * bx / qx, 1.0))
+            visit(c, child_weight(p_row, q_row, int(tree.tokens[c]), w, r, z))
             # c's subtree was rejected: update n.
             r_new = r + z / w
             z_new = mass(n, r_new)

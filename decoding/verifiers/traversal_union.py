@@ -25,6 +25,7 @@ import numpy as np
 
 from .delayed_labels import UnionContext
 from .mass_numerics import residual_mass
+from .traversal import child_weight
 
 CACHE_KEY = "traversal"  # UnionContext.cache key of the residual masses Z_n(r), keyed (n, r)
 
@@ -51,18 +52,6 @@ class _Masses:
         return s / (s + 1.0 - w) if s > 0.0 else 0.0
 
 
-def child_weight(p_rows: np.ndarray, q_rows: np.ndarray, parent: int, token: int, w: float,
-                 r: float = 0.0, z: float = 1.0) -> float:
-    """Initial weight of a child with ``token`` under a parent of weight w whose target law is the
-    residual (p - r q)+ / z (r = 0, z = 1: p itself)."""
-    qx = float(q_rows[parent, token])
-    if not qx > 0.0:
-        raise ValueError(f"traversal: a child of node {parent} has token {token} with q = {qx}; "
-                         "children must be draws from q(.|node)")
-    bx = max(float(p_rows[parent, token]) - r * qx, 0.0) / z
-    return min(w * bx / qx, 1.0)
-
-
 def trunk_weights(ctx: UnionContext) -> tuple[np.ndarray, np.ndarray]:
     """``(w [max L1 + 1], h [max L1])`` of the trunk: forward weights (w[0] = 1, the root) and the
     weights after the one child's subtree was rejected (h[0] = 1: the root accepts surely).
@@ -73,7 +62,7 @@ def trunk_weights(ctx: UnionContext) -> tuple[np.ndarray, np.ndarray]:
         tokens, max_l1 = union.tree.tokens, union.max_l1
         w, h = np.ones(max_l1 + 1), np.ones(max_l1)
         for i in range(1, max_l1 + 1):
-            w[i] = child_weight(ctx.p_rows, union.tree.q_rows, i - 1, int(tokens[i]), float(w[i - 1]))
+            w[i] = child_weight(ctx.p_rows[i - 1], union.tree.q_rows[i - 1], int(tokens[i]), float(w[i - 1]))
             if i < max_l1:
                 h[i] = masses.rejected_weight(i, float(w[i]))
         cache["w"], cache["h"] = w, h
@@ -89,7 +78,8 @@ def _rollout_map(ctx: UnionContext, masses: _Masses, nodes: np.ndarray, w1: floa
     w = np.empty(n + 1)  # w[i]: weight of the rollout node at depth i (1-based)
     w[1] = w1
     for i in range(2, n + 1):
-        w[i] = child_weight(p_rows, q_rows, int(nodes[i - 2]), int(tokens[nodes[i - 1]]), float(w[i - 1]))
+        parent = int(nodes[i - 2])
+        w[i] = child_weight(p_rows[parent], q_rows[parent], int(tokens[nodes[i - 1]]), float(w[i - 1]))
     a, b = np.zeros(n + 1), np.ones(n + 1)  # a[m] + b[m] V: tests of nodes m, ..., 1 after the leaf
     big_a, big_b = np.zeros(n + 1), np.ones(n + 1)  # L2 = 0: no rollout, identity
     for m in range(1, n + 1):
@@ -122,7 +112,8 @@ def _compute(ctx: UnionContext, k_max: int) -> np.ndarray:
                 w_b.append(0.0)
                 continue
             x = int(tree.tokens[ro[row, k, 0]])
-            maps.append(_rollout_map(ctx, masses, ro[row, k], child_weight(p_rows, tree.q_rows, j, x, w, r, z), j))
+            w1 = child_weight(p_rows[j], tree.q_rows[j], x, w, r, z)
+            maps.append(_rollout_map(ctx, masses, ro[row, k], w1, j))
             if j == 0 and k == k_max - 1:
                 break  # the root accepts surely after the last rollout: no update needed
             r_new = r + z / w
