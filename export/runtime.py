@@ -46,6 +46,32 @@ def read_sidecar(folder: str | Path) -> dict:
     return read_json(Path(folder) / SIDECAR_FILE, SelectorArtifactError, "export a selector first (`branchpoint export`)")
 
 
+def _schema_lists(features: dict) -> dict[str, list]:
+    """The parts of a sidecar's feature schema that the graph depends on: names, order and shapes."""
+    return {
+        "inputs": [(i.get("name"), list(i.get("shape", []))[1:]) for i in features.get("inputs", [])],
+        "scalars": [s.get("name") for s in features.get("scalars", [])],
+        "hidden": [(h.get("name"), h.get("size")) for h in features.get("hidden", [])],
+    }
+
+
+def check_sidecar_schema(features: dict, schema: FeatureSchema, where: str | Path) -> None:
+    """Raise `SelectorArtifactError` when the sidecar's feature list (names, order, shapes) differs from what this
+    code computes for its feature set (`decoding.features`): the first differing part, both versions."""
+    got, want = _schema_lists(features), _schema_lists(schema.to_dict())
+    for part in ("inputs", "hidden", "scalars"):
+        if got[part] == want[part]:
+            continue
+        extra = [x for x in got[part] if x not in want[part]]
+        missing = [x for x in want[part] if x not in got[part]]
+        what = f"extra {extra}" if extra else ""
+        what += ("; " if what and missing else "") + (f"missing {missing}" if missing else "")
+        raise SelectorArtifactError(
+            f"{where}: the sidecar's feature {part} {got[part]} differ from feature set {schema.feature_set!r} "
+            f"as this code computes it {want[part]} ({what or 'same names, other order or shapes'}); the selector "
+            "was exported by another version of branchpoint: re-export it")
+
+
 class SelectorRuntime:
     """An exported selector, ready to choose the action (and method) of each decoding step."""
 
@@ -85,6 +111,7 @@ class SelectorRuntime:
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=list(providers))
         self._check_session()
+        check_sidecar_schema(self.sidecar["features"], self.schema, self.folder / SIDECAR_FILE)
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
 
@@ -142,4 +169,4 @@ class SelectorRuntime:
                 f"{len(self.table)} outputs{only})")
 
 
-__all__ = ["FeatureError", "SelectorArtifactError", "SelectorRuntime", "read_sidecar"]
+__all__ = ["FeatureError", "SelectorArtifactError", "SelectorRuntime", "check_sidecar_schema", "read_sidecar"]

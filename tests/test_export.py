@@ -133,3 +133,26 @@ def test_failed_parity_leaves_nothing_behind(tmp_path):
     with pytest.raises(ExportParityError, match="parity"):
         export_selector(net, meta, out, inputs, seconds, atol=-1.0)  # no graph can pass a negative tolerance
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_sidecar_feature_list_is_checked_against_the_code_schema(exported, tmp_path):
+    """An extra scalar, or two scalars swapped, in the sidecar's feature list is refused, naming the difference."""
+    import shutil
+
+    folder, _, _, schema, _ = exported
+    extra = tmp_path / "extra"
+    shutil.copytree(folder, extra)
+    side = json.loads((extra / SIDECAR_FILE).read_text())
+    side["features"]["scalars"].append({"name": "made_up_scalar", "side": "target", "source": "", "doc": ""})
+    (extra / SIDECAR_FILE).write_text(json.dumps(side))
+    with pytest.raises(SelectorArtifactError, match=r"feature scalars .*extra \['made_up_scalar'\]"):
+        SelectorRuntime(extra)
+    swapped = tmp_path / "swapped"
+    shutil.copytree(folder, swapped)
+    side = json.loads((swapped / SIDECAR_FILE).read_text())
+    s = side["features"]["scalars"]
+    s[0], s[1] = s[1], s[0]
+    (swapped / SIDECAR_FILE).write_text(json.dumps(side))
+    with pytest.raises(SelectorArtifactError, match="other order"):
+        SelectorRuntime(swapped)
+    assert SelectorRuntime(folder).schema.scalars == schema.scalars  # the untouched export still loads
