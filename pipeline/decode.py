@@ -8,7 +8,6 @@ autoregressive`` samples from the target alone through the same loop (the baseli
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 
@@ -34,6 +33,50 @@ def _pick(flag, default):
     return default if flag is None else flag
 
 
+NO_TREE = "none"  # the method count of steps that drafted nothing (an autoregressive step inside the loop)
+
+
+def steps_used(stats) -> dict:
+    """What the steps actually used: ``{"methods": {method: steps}, "actions": {"K,L1,L2": steps}}``, most used
+    first; steps whose action drafted no tree count under method ``"none"`` (no verification ran)."""
+    methods = dict(stats.methods)
+    no_tree = stats.steps - sum(methods.values())
+    if no_tree:
+        methods[NO_TREE] = no_tree
+    order = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))  # noqa: E731
+    return {"methods": order(methods), "actions": order(dict(stats.actions))}
+
+
+def used_label(used: dict) -> str:
+    """One line: ``methods specinfer 12, none 30; actions 1,0,0 30, 2,1,2 12`` (steps per method and action)."""
+    fmt = lambda d: ", ".join(f"{k} {v}" for k, v in d.items()) or "-"  # noqa: E731
+    return f"methods {fmt(used['methods'])}; actions {fmt(used['actions'])}"
+
+
+def check_inputs(cfg, args, draft_spec: str) -> None:
+    """Fail before any model is loaded when a path the run needs is missing, naming the real problem."""
+    from pathlib import Path
+
+    from decoding.errors import UserInputError
+
+    here = "" if Path(args.params).is_file() else (
+        f" (there is no {args.params} in {Path.cwd()}: run decode from the project folder, or pass --params)")
+    if args.selector:
+        folder = Path(args.selector)
+        if not folder.is_dir():
+            raise UserInputError(f"--selector {folder}: no such folder{here}")
+        if (folder / "selector.safetensors").is_file() and not (folder / "selector.onnx").is_file():
+            raise UserInputError(f"--selector {folder} is the PyTorch checkpoint of stage train; decode uses the "
+                                 "ONNX export: --selector artifacts/selector (written by `branchpoint export`)")
+    for spec in (cfg.model.target, draft_spec):
+        scheme, _, rest = spec.partition(":")
+        if scheme == "self_draft" and not Path(rest).is_dir():
+            raise UserInputError(f"draft {spec!r}: folder {rest} not found{here or ' (train it: branchpoint train-draft)'}")
+        if scheme in ("hf", "gguf") and rest.startswith(("/", ".", "~")) and not Path(rest).expanduser().exists():
+            raise UserInputError(f"model {spec!r}: {rest} not found (a local {'folder' if scheme == 'hf' else 'file'}"
+                                 f" path){here}")
+
+
 def run(cfg, args) -> int:
     import torch
 
@@ -52,6 +95,7 @@ def run(cfg, args) -> int:
     if args.selector:
         from export.runtime import SelectorRuntime
 
+        check_inputs(cfg, args, cfg.model.draft)
         policy = SelectorRuntime(args.selector, latency=args.latency)
         if method == AUTOREGRESSIVE:
             method = policy.methods[0]
@@ -60,9 +104,10 @@ def run(cfg, args) -> int:
     seed = _pick(args.seed, cfg.decode.seed)
     prompt = _pick(args.prompt, cfg.decode.prompt)
 
+    draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
+    check_inputs(cfg, args, draft_spec)
     torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
-    draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
     pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
                      cfg.model.device_map)
     load_s = time.perf_counter() - start
@@ -71,6 +116,9 @@ def run(cfg, args) -> int:
                                  eos_ids(pair.tokenizer, pair.target))
     result = decoder.generate(ids, max_new, method, policy, sampling, seed)
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    used = steps_used(result.stats)
+    if policy is not action:  # the selector chose each step's method: name what ran, not the default
+        result.stats.method = "selector (" + ", ".join(m for m in used["methods"]) + ")"
 
     print(f"pair: target {pair.target_spec}, draft {draft_spec if method != AUTOREGRESSIVE else '-'}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
@@ -81,10 +129,13 @@ def run(cfg, args) -> int:
     print(text)
     print("-" * 72)
     print(result.stats.summary())
+    print(f"  steps used: {used_label(used)}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
-                       "action": str(action) if policy is action else str(policy), "sampling": {"temperature": sampling.temperature,
-                                                           "top_p": sampling.top_p},
-                       "stats": result.stats.to_dict()}, f, indent=2)
+        from decoding.files import write_json_atomic
+
+        write_json_atomic(args.json, {
+            "prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
+            "action": str(action) if policy is action else str(policy), "used": used,
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
+            "stats": result.stats.to_dict() | {"methods": used["methods"], "actions": used["actions"]}}, sort_keys=False)
     return 0
