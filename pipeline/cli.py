@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import pipeline.tracking  # noqa: F401 - stdlib only; records when the stage started (its MLflow run's start)
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub unless the user asks
     parser = build_parser()
     args = parser.parse_args(argv)

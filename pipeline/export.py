@@ -2,8 +2,9 @@
 
 Reads: the trained selector (``train.out``), held-out rows of the collected dataset (``collect.out``, TEST
 split, else VAL) for the parity check. Writes: ``export.out`` (selector.onnx + selector.json), atomically;
-logs the ONNX model to MLflow (float32 signature, input example) and registers it as
-``export.registered_model`` with the sidecar. ``branchpoint decode --selector <export.out>`` decodes with it.
+logs that folder to MLflow as the run's ``selector/`` artifacts and registers it as a version of
+``export.registered_model`` (so ``mlflow artifacts download -u models:/<name>/<N>`` gives a selector folder as is),
+plus the ONNX model (float32 signature, input example) for the UI; tags the run with the train run id. ``branchpoint decode --selector <export.out>`` decodes with it.
 """
 
 from __future__ import annotations
@@ -43,28 +44,53 @@ def parity_rows(cfg, meta: dict, rows: int):
     return inputs, seconds
 
 
-def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict) -> str | None:
-    """Log the ONNX model (signature + input example) and the sidecar; register the model."""
+def register_selector(client, name: str, run, train_run_id: str | None):
+    """Register the run's ``selector/`` artifact folder (selector.onnx + selector.json) as a new version of
+    ``name``: ``mlflow artifacts download -u models:/<name>/<version>`` then gives that folder as is."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name, description="branchpoint tree-shape selector: selector.onnx + "
+                                       "selector.json (load with export.runtime.SelectorRuntime)")
+    except MlflowException as e:
+        if "already exists" not in str(e).lower() and "RESOURCE_ALREADY_EXISTS" not in str(e):
+            raise
+    tags = {"train_run_id": train_run_id} if train_run_id else {}
+    return client.create_model_version(name, source=f"{run.info.artifact_uri}/selector", run_id=run.info.run_id,
+                                       tags=tags)
+
+
+def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: str | None = None) -> str:
+    """Log the selector folder as the run's ``selector/`` artifacts, the ONNX model (signature + input example,
+    one file) as a logged model for the UI, and register the folder (`register_selector`)."""
     import mlflow
     import numpy as np
     import onnx
+    from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
-    from pipeline.tracking import start_run
+    from pipeline.tracking import start_run, tracking_uri
 
     example = {k: np.asarray(v[:1], dtype=np.float32) for k, v in inputs.items()}
     example["step_seconds"] = np.ones((1, len(sidecar["outputs"]["table"])), dtype=np.float32)
     outputs = {"expected_block_efficiency": np.zeros((1, len(sidecar["outputs"]["table"])), dtype=np.float32),
                "choice": np.zeros(1, dtype=np.int64)}
-    with start_run(cfg, "export") as run:
+    tags = {"onnx_sha256": sidecar["onnx_sha256"], **({"train_run_id": train_run_id} if train_run_id else {})}
+    with start_run(cfg, "export", tags=tags) as run:
         mlflow.log_params({"feature_set": sidecar["feature_set"], "methods": ",".join(sidecar["outputs"]["methods"]),
-                           "outputs": len(sidecar["outputs"]["table"]), "opset": sidecar["opset"]})
+                           "outputs": len(sidecar["outputs"]["table"]), "opset": sidecar["opset"],
+                           "objective": sidecar.get("objective")})
         mlflow.log_metrics({"parity/max_abs_diff": sidecar["parity"]["max_abs_diff"]})
-        info = mlflow.onnx.log_model(onnx.load(str(folder / "selector.onnx")), name="selector",
-                                     signature=infer_signature(example, outputs), input_example=example,
-                                     registered_model_name=cfg.export.registered_model or None)
-        mlflow.log_artifact(str(folder / "selector.json"), artifact_path="selector")
-        return f"{run.info.run_id} ({info.model_uri})"
+        for name in ("selector.onnx", "selector.json"):
+            mlflow.log_artifact(str(folder / name), artifact_path="selector")
+        mlflow.onnx.log_model(onnx.load(str(folder / "selector.onnx")), name="onnx_model", save_as_external_data=False,
+                              signature=infer_signature(example, outputs), input_example=example)
+        where = f"run {run.info.run_id}"
+        if cfg.export.registered_model:
+            version = register_selector(MlflowClient(tracking_uri(cfg)), cfg.export.registered_model, run,
+                                        train_run_id)
+            where += f"; registered models:/{cfg.export.registered_model}/{version.version}"
+        return where
 
 
 def run(cfg, args) -> int:
@@ -80,7 +106,7 @@ def run(cfg, args) -> int:
           f"{len(sidecar['outputs']['table'])} outputs, feature set {sidecar['feature_set']}); parity on {p['rows']} "
           f"held-out rows: max |ΔÊ| {p['max_abs_diff']:.1e}, identical choices {p['identical_choices']}")
     if not args.no_mlflow and cfg.export.mlflow:
-        where = log_to_mlflow(cfg, Path(cfg.export.out), sidecar, inputs)
-        print(f"export: logged to MLflow run {where}; registered as {cfg.export.registered_model!r}")
+        where = log_to_mlflow(cfg, Path(cfg.export.out), sidecar, inputs, meta.get("mlflow_run_id"))
+        print(f"export: logged to MLflow {where}")
     print(json.dumps({"inputs": sidecar["inputs"], "outputs": sidecar["outputs"]["names"]}))
     return 0

@@ -134,7 +134,7 @@ def run(cfg, args) -> int:
     from models.selector_eval import evaluate, flat_metrics, serializable
     from models.selector_plots import selector_plots
     from models.selector_training import SelectorHParams, fit_selector, predict
-    from pipeline.tracking import git_revision, tracking_uri
+    from pipeline.tracking import stage_tags, tracking_uri
 
     tc = cfg.train
     torch.set_num_threads(tc.threads)
@@ -145,7 +145,7 @@ def run(cfg, args) -> int:
     load_seconds = time.perf_counter() - start
 
     run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"
-    tags = {"stage": "train", "git_revision": git_revision(), "dataset_config_hash": manifest["config_hash"]}
+    tags = stage_tags(cfg, "train", {"dataset_config_hash": manifest["config_hash"]})  # nested in the pipeline run
     uri = tracking_uri(cfg)
     logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_name=run_name,
                           tags={**tags, "model": "selector"})

@@ -84,12 +84,6 @@ def _records(cfg, target, trajectories, split: str):
     return rec.hidden, rec.top_ids, rec.top_logp
 
 
-def _logger(td, run_name: str):
-    from pytorch_lightning.loggers import MLFlowLogger
-
-    return MLFlowLogger(experiment_name=td.experiment, tracking_uri=td.tracking_uri, run_name=run_name)
-
-
 def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool = False) -> dict:
     """Steps 1-2 and the artifact; returns training facts for the metrics file."""
     from models.draft_training import DistillDataModule, RecordDataset, fit_draft, rank_vocabulary
@@ -106,7 +100,9 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
                              always=eos_ids(tokenizer, target))
     draft = SelfDraft(target, self_draft_config(td, int(subset.numel()), target_fingerprint(target)),
                       vocab_subset=subset)
-    logger = _logger(td, "train_draft")
+    from pipeline.tracking import lightning_logger
+
+    logger = lightning_logger(cfg, "train_draft", "train_draft")  # the project's experiment, nested
     logger.log_hyperparams({  # the one explicit hyperparameter log
         **{f"train_draft.{k}": v for k, v in vars(td).items()},
         "model.target": cfg.model.target, "trajectories.out": cfg.trajectories.out,
@@ -218,7 +214,9 @@ def run(cfg, args) -> int:
     if facts.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=td.tracking_uri)
+        from pipeline.tracking import tracking_uri
+
+        client = MlflowClient(tracking_uri=tracking_uri(cfg))
         for name, value in _mlflow_metrics(metrics).items():
             client.log_metric(facts["mlflow_run_id"], name, value)
     print(json.dumps({k: metrics[k] for k in sorted(metrics) if k.startswith(("acceptance", "step_time"))},

@@ -83,3 +83,50 @@ def test_decode_outside_the_project_names_the_missing_params(tmp_path, monkeypat
     err = _error(capsys)
     assert "no params.yaml" in err and "--params" in err
     assert list(tmp_path.iterdir()) == []  # no .cache/branchpoint written here
+
+
+def test_selector_downloaded_from_the_mlflow_registry_and_a_run_decodes(project, tmp_path, monkeypatch, capsys):
+    """Export's MLflow logging into a temp store; both download routes of the README give a folder that
+    SelectorRuntime and `decode --selector` take as is; an evaluate run names the train run it measured."""
+    import subprocess
+    import sys
+
+    from decoding.files import read_json
+    from export.runtime import SelectorRuntime
+    from pipeline import tracking
+    from pipeline.cli import main
+    from pipeline.config import load_config
+    from pipeline.export import log_to_mlflow
+
+    root, params = project
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("BRANCHPOINT_PARENT_RUN_ID", raising=False)
+    cfg = load_config(params, [f"model.cache_dir={tmp_path / 'cache'}", f"export.out={root / 'selector'}"])
+    sidecar = read_json(root / "selector" / "selector.json", ValueError, "")
+    inputs = random_inputs(SelectorRuntime(root / "selector").schema, 2)
+    where = log_to_mlflow(cfg, root / "selector", sidecar, inputs, train_run_id="train-run-123")
+    assert f"models:/{cfg.export.registered_model}/1" in where
+    run_id = where.split()[1].rstrip(";")
+    mlflow_cli = [sys.executable, "-m", "mlflow", "artifacts", "download"]
+    env = {"MLFLOW_TRACKING_URI": uri, "PATH": "/usr/bin:/bin"}
+    for route, args in {"registry": ["-u", f"models:/{cfg.export.registered_model}/1"],
+                        "run": ["-r", run_id, "-a", "selector"]}.items():
+        dst = tmp_path / route
+        done = subprocess.run([*mlflow_cli, *args, "-d", str(dst)], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        folder = dst if route == "registry" else dst / "selector"
+        assert sorted(p.name for p in folder.iterdir()) == ["selector.json", "selector.onnx"], route
+        assert SelectorRuntime(folder).sidecar["onnx_sha256"] == sidecar["onnx_sha256"]
+        out = tmp_path / f"{route}.json"
+        assert main(["decode", "--params", params, "--selector", str(folder), "--max-new-tokens", "4",
+                     "--json", str(out)]) == 0, capsys.readouterr().err
+        assert out.is_file()
+    with tracking.start_run(cfg, "evaluate") as run:
+        evaluate_id = run.info.run_id
+    from mlflow import MlflowClient
+
+    tags = MlflowClient(uri).get_run(evaluate_id).data.tags
+    assert tags["train_run_id"] == "train-run-123" and tags["export_run_id"] == run_id
+    assert tags["selector_sha256"] == sidecar["onnx_sha256"]

@@ -19,7 +19,7 @@ def test_train_draft_stage_writes_a_loadable_artifact_and_metrics(tmp_path):
         "trajectories.all_settings": "true", "train_draft.steps": 6, "train_draft.val_every": 3,
         "train_draft.warmup_steps": 2, "train_draft.batch_size": 16, "train_draft.timing_reps": 2,
         "train_draft.out": out, "train_draft.metrics": metrics,
-        "train_draft.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "tracking.uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
     }
     args = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
     for command in ("trajectories", "train-draft"):
