@@ -27,6 +27,9 @@ COMMANDS = {
                                   "(stage export)"),
     "evaluate": ("pipeline.evaluate", "decode TEST prompts with every policy end to end; report, plots and findings "
                                       "(stage evaluate)"),
+    "publish": ("pipeline.publish", "push the DVC outputs, save this run as experiment 'main', register a selector "
+                                    "version (after dvc repro; make main runs it)"),
+    "headline": ("pipeline.headline", "the dozen headline numbers of a run in metrics/headline.json (stage headline)"),
 }
 
 

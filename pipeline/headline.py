@@ -1,0 +1,107 @@
+"""``branchpoint headline``: stage headline, the dozen numbers of a pipeline run in one flat file.
+
+Reads the other stages' metrics files (``evaluate.metrics``, ``collect.metrics``, ``train_draft.metrics``,
+``train.metrics``; a missing file or key gives ``null``) and writes ``metrics/headline.json`` (``--out``), flat, so ``dvc metrics show metrics/headline.json``, ``dvc metrics diff
+metrics/headline.json`` and ``dvc exp show --keep`` (README) show a run at a glance:
+
+- ``selector_vs_ar`` (+ ``_lo`` / ``_hi``, the paired bootstrap interval), ``selector_vs_best_static``,
+  ``selector_vs_threshold_chain``, ``selector_vs_adaptive_chain``: end-to-end tokens/s of the exported
+  selector on the TEST prompts over each reference policy (evaluate);
+- ``selector_tokens_per_second``, ``selector_block_efficiency``: the selector's own online numbers;
+- ``offline_selector_vs_ar``, ``offline_oracle_vs_ar``: realized TPS on TEST labels (selector, per-root oracle);
+- ``draft_acceptance``: the draft's per-token acceptance on TEST prompts (mean over temperatures);
+- ``collect_seconds_per_root``: the cost of one collected root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+OUT = "metrics/headline.json"
+KEYS = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_vs_best_static",
+        "selector_vs_threshold_chain", "selector_vs_adaptive_chain", "selector_tokens_per_second",
+        "selector_block_efficiency", "offline_selector_vs_ar", "offline_oracle_vs_ar", "draft_acceptance",
+        "collect_seconds_per_root")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=OUT, help="default: %(default)s")
+
+
+def _read(path: str | Path) -> dict:
+    """A metrics file's JSON, or {} when it is missing (that stage did not run)."""
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        from decoding.errors import UserInputError
+
+        raise UserInputError(f"{p}: not valid JSON ({e}); rerun the stage that writes it") from None
+
+
+def _get(d, *path):
+    """``d[path[0]][path[1]]...`` as a finite float, else None."""
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
+        return None
+    return float(d)
+
+
+def _first(*values):
+    return next((v for v in values if v is not None), None)
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def evaluate_headline(ev: dict) -> dict:
+    """The evaluate part: flat ``selector_vs_*`` keys when the evaluate stage writes them, else read from its
+    policy table (the selector policy named in ``ev["selector"]["policy"]``)."""
+    policy = (ev.get("selector") or {}).get("policy") or "selector"
+    sel = (ev.get("policies") or {}).get(policy, {})
+    offline = (ev.get("offline") or {}).get("selector") or {}
+    return {
+        "selector_vs_ar": _first(_get(ev, "selector_vs_ar"), _get(sel, "tps_vs_autoregressive", "value")),
+        "selector_vs_ar_lo": _first(_get(ev, "selector_vs_ar_lo"), _get(sel, "tps_vs_autoregressive", "low")),
+        "selector_vs_ar_hi": _first(_get(ev, "selector_vs_ar_hi"), _get(sel, "tps_vs_autoregressive", "high")),
+        "selector_vs_best_static": _first(_get(ev, "selector_vs_best_static"),
+                                          _get(sel, "tps_vs_traversal_best_static", "value")),
+        "selector_vs_threshold_chain": _get(ev, "selector_vs_threshold_chain"),
+        "selector_vs_adaptive_chain": _get(ev, "selector_vs_adaptive_chain"),
+        "selector_tokens_per_second": _get(sel, "tokens_per_second", "value"),
+        "selector_block_efficiency": _get(sel, "block_efficiency", "value"),
+        "offline_selector_vs_ar": _get(offline, "selector_vs_autoregressive"),
+        "offline_oracle_vs_ar": _ratio(_get(offline, "tps", "oracle"), _get(offline, "tps", "autoregressive")),
+    }
+
+
+def headline(ev: dict, collect: dict, draft: dict) -> dict:
+    """All of `KEYS`, in that order (None where a stage did not write the number)."""
+    acceptance = [float(v) for k, v in sorted(draft.items()) if k.startswith("acceptance_test_")
+                  and isinstance(v, (int, float)) and math.isfinite(v)]
+    out = {**evaluate_headline(ev),
+           "draft_acceptance": sum(acceptance) / len(acceptance) if acceptance else None,
+           "collect_seconds_per_root": _get(collect, "seconds_per_root", "total")}
+    return {k: out[k] for k in KEYS}
+
+
+def run(cfg, args) -> int:
+    from decoding.files import write_json_atomic
+
+    out = args.out
+    values = headline(_read(cfg.evaluate.metrics), _read(cfg.collect.metrics), _read(cfg.train_draft.metrics))
+    write_json_atomic(out, values, sort_keys=False)
+    width = max(map(len, values))
+    for k, v in values.items():
+        print(f"{k:<{width}}  {'-' if v is None else f'{v:.4g}'}")
+    print(f"headline -> {out}")
+    return 0
