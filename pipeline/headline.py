@@ -1,7 +1,9 @@
-"""``branchpoint headline``: stage headline, the dozen numbers of a pipeline run in one flat file.
+"""``branchpoint headline``: stage headline, the dozen numbers of a pipeline run in one small file.
 
-Reads the other stages' metrics files (``evaluate.metrics``, ``collect.metrics``, ``train_draft.metrics``,
-``train.metrics``; a missing file or key gives ``null``) and writes ``metrics/headline.json`` (``--out``), flat, so ``dvc metrics show metrics/headline.json``, ``dvc metrics diff
+Reads the other stages' metrics files (``evaluate.metrics``, ``collect.metrics``, ``train_draft.metrics``;
+a missing file or key gives ``null``) and writes ``metrics/headline.json`` (``--out``): one object
+``{"headline": {...}}`` (dvc names its columns ``headline.<key>``, which ``dvc exp show --keep headline``
+selects), so ``dvc metrics show metrics/headline.json``, ``dvc metrics diff
 metrics/headline.json`` and ``dvc exp show --keep`` (README) show a run at a glance:
 
 - ``selector_vs_ar`` (+ ``_lo`` / ``_hi``, the paired bootstrap interval), ``selector_vs_best_static``,
@@ -29,6 +31,10 @@ KEYS = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_vs
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=OUT, help="default: %(default)s")
+    parser.add_argument("--experiments", action="store_true",
+                        help="print the headline of every experiment (`dvc exp show --json`, passing -A, -n N, ... "
+                             "after --) side by side instead of computing this run's")
+    parser.add_argument("exp_show_args", nargs="*", help=argparse.SUPPRESS)
 
 
 def _read(path: str | Path) -> dict:
@@ -97,11 +103,63 @@ def headline(ev: dict, collect: dict, draft: dict) -> dict:
 def run(cfg, args) -> int:
     from decoding.files import write_json_atomic
 
+    if args.experiments:
+        import subprocess
+
+        done = subprocess.run(["dvc", "exp", "show", "--json", *args.exp_show_args], capture_output=True, text=True)
+        if done.returncode != 0:
+            from decoding.errors import UserInputError
+
+            raise UserInputError(f"dvc exp show failed: {done.stderr.strip()}")
+        print(experiments_table(json.loads(done.stdout)))
+        return 0
     out = args.out
     values = headline(_read(cfg.evaluate.metrics), _read(cfg.collect.metrics), _read(cfg.train_draft.metrics))
-    write_json_atomic(out, values, sort_keys=False)
+    write_json_atomic(out, {"headline": values}, sort_keys=False)
     width = max(map(len, values))
     for k, v in values.items():
         print(f"{k:<{width}}  {'-' if v is None else f'{v:.4g}'}")
     print(f"headline -> {out}")
     return 0
+
+
+def _runs(show: list[dict]) -> list[tuple[str, dict]]:
+    """(label, data) of every row of ``dvc exp show --json``: each baseline commit, then its experiments."""
+    def short(rev) -> str:
+        rev = str(rev or "?")
+        return rev[:7] if len(rev) == 40 else rev
+
+    out = []
+    for row in show:
+        label = row.get("name") or short(row.get("rev"))
+        if row.get("data"):
+            out.append((label, row["data"]))
+        for exp in row.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                if rev.get("data"):
+                    out.append((rev.get("name") or short(rev.get("rev")), rev["data"]))
+    return out
+
+
+def experiments_table(show: list[dict], path: str = OUT, params: tuple[str, ...] = ("train.objective",
+                      "train.feature_set")) -> str:
+    """The headline of every run of ``dvc exp show --json``, transposed (one row per number, one column per
+    run) so a dozen numbers of several experiments fit one screen; ``params`` rows first."""
+    runs = _runs(show)
+    rows = {p: [] for p in params} | {k: [] for k in KEYS}
+    for _, data in runs:
+        values = (((data.get("metrics") or {}).get(path) or {}).get("data") or {}).get("headline") or {}
+        config = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+        for p in params:
+            section, _, key = p.partition(".")
+            rows[p].append(str((config.get(section) or {}).get(key, "-")))
+        for k in KEYS:
+            v = values.get(k)
+            rows[k].append("-" if not isinstance(v, (int, float)) else f"{v:.4g}")
+    names = [label for label, _ in runs]
+    width = max(map(len, rows))
+    cols = [max(len(n), *(len(r[i]) for r in rows.values())) for i, n in enumerate(names)]
+    lines = [" " * width + "  " + "  ".join(n.rjust(c) for n, c in zip(names, cols, strict=True))]
+    lines += [k.ljust(width) + "  " + "  ".join(v.rjust(c) for v, c in zip(r, cols, strict=True))
+              for k, r in rows.items()]
+    return "\n".join(lines)
