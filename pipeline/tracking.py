@@ -112,11 +112,9 @@ def lightning_logger(cfg, stage: str, run_name: str, tags: dict | None = None):
 def selector_tags(cfg) -> dict:
     """Which selector a stage measured: the exported sidecar's ONNX sha256 and, found through the export run
     that logged that file (tag ``onnx_sha256``), the train run it came from (``train_run_id``)."""
-    from export.runtime import read_sidecar
-
     try:
-        sha = read_sidecar(cfg.export.out).get("onnx_sha256")
-    except Exception:  # noqa: BLE001 - no exported selector: nothing to link
+        sha = json.loads((Path(cfg.export.out) / "selector.json").read_text()).get("onnx_sha256")
+    except (OSError, ValueError, AttributeError):  # no exported selector (or not one): nothing to link
         return {}
     tags = {"selector_sha256": str(sha)}
     client, experiment_id = _client(cfg)
