@@ -32,11 +32,16 @@ $(VEGA)/.fetched:
 
 setup: $(BIN)/.installed $(VEGA)/.fetched
 
-# The main job on the embedded default pair: the DVC pipeline, then one prompt decoded with the exported
-# selector choosing the (method, action) of every step.
-# (dvc runs each stage's `branchpoint ...` command, so the venv's bin goes first on PATH.)
+# The main job on the embedded default pair: the DVC pipeline; then `branchpoint publish` pushes the outputs to
+# the default DVC remote (DVC_REMOTE, a local folder, unless the repository configures one), saves the run as
+# experiment `main` (what a later `dvc exp run` is compared with) and registers a selector version
+# (`dvc artifacts get <repo> selector`); then one prompt decoded with the exported selector choosing the
+# (method, action) of every step. (dvc runs each stage's `branchpoint ...` command, so the venv's bin goes
+# first on PATH.)
+DVC_REMOTE ?= .dvc-storage
 main: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/branchpoint publish --remote $(DVC_REMOTE)
 	$(BIN)/branchpoint decode --selector artifacts/selector
 
 # Fast suite (CI): everything but tests marked slow.
