@@ -27,6 +27,8 @@ the GBV paper (+30% reported on OPT pairs).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from decoding.actions import Action, ActionSpace
@@ -58,9 +60,16 @@ def chain_source(methods) -> str | None:
     return next((m for m in CHAIN_SOURCES if m in methods), None)
 
 
+def _nanmean(x: np.ndarray, axis: int | None = None):
+    """``np.nanmean`` that gives NaN for an all-NaN slice (labels of a method that cannot verify those actions)
+    without its "Mean of empty slice" warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
 def _mean(E: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        return np.nanmean(E, axis=0) if E.shape[0] else np.full(E.shape[1], np.nan)
+    return _nanmean(E, axis=0) if E.shape[0] else np.full(E.shape[1], np.nan)
 
 
 def claim_root_branching(labels: dict[str, np.ndarray], space: ActionSpace) -> dict:
@@ -173,7 +182,7 @@ def gbv_comparison(labels: dict[str, np.ndarray], space: ActionSpace, temperatur
         if not idx:
             continue
         for g, rows in groups.items():
-            entry = {m: float(np.nanmean(labels[m][rows][:, idx])) for m in methods}
+            entry = {m: float(_nanmean(labels[m][rows][:, idx])) for m in methods}
             for m in methods[1:]:
                 entry[f"gbv_vs_{m}"] = entry["gbv"] / entry[m] - 1
             entry["roots"] = int(rows.sum())

@@ -180,6 +180,9 @@ def run(cfg, args) -> int:
     if runtime is not None:
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
                                "feature_set": runtime.schema.feature_set, "policy": primary}
+    sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
+    if primary in table and sel_offline is not None:  # the trained selector's offline ratio (TEST roots, stage train)
+        table[primary]["offline"] = {"vs_autoregressive": sel_offline}
     for key, name in (("selector", primary), ("static_traversal", trav)):
         if name in table:  # the headline ratios, flat for `dvc metrics diff`
             metrics[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]

@@ -146,6 +146,9 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["eval-test"])
-    assert len(runs) == 1 and runs["tags.stage"][0] == "evaluate"
+    everything = mlflow.search_runs(experiment_names=["eval-test"])
+    runs = everything[everything["tags.stage"] == "evaluate"].reset_index(drop=True)
+    parent = everything[everything["tags.stage"] == "pipeline"]
+    assert len(runs) == 1 and len(parent) == 1  # the evaluate run, nested under the pipeline run
+    assert runs["tags.mlflow.parentRunId"][0] == parent["run_id"].iloc[0]
     assert runs["metrics.selector_auto/tokens_per_second"][0] > 0

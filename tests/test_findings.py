@@ -138,3 +138,17 @@ def test_findings_and_markdown():
     assert "| root_branching | T=0.6 | 3 |" in text
     h = headline(f)
     assert h["claim1_holds"] == 1.0 and h["gbv_vs_traversal_root_branching"] == pytest.approx(1.05 / 1.1 - 1, abs=0.02)
+
+
+def test_findings_with_a_chain_only_method_warn_nothing():
+    """Actions a method never labelled (e.g. bv on branching trees) have NaN means, with no
+    "Mean of empty slice" RuntimeWarning (evaluate printed one per run)."""
+    import warnings
+
+    labels = table()
+    branching = np.array([a.K > 1 and a.L2 > 0 for a in SPACE])
+    labels["gbv"] = np.where(branching & (np.arange(len(SPACE)) % 2 == 0), np.nan, labels["gbv"])  # never labelled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        f = findings(labels, SPACE, np.array([0.6, 1.0] * 3))
+    assert f["roots"] == 6
