@@ -50,11 +50,10 @@ def register_selector(client, name: str, run, train_run_id: str | None):
     from mlflow.exceptions import MlflowException
 
     try:
+        client.get_registered_model(name)
+    except MlflowException:  # the first version: create the registered model
         client.create_registered_model(name, description="branchpoint tree-shape selector: selector.onnx + "
                                        "selector.json (load with export.runtime.SelectorRuntime)")
-    except MlflowException as e:
-        if "already exists" not in str(e).lower() and "RESOURCE_ALREADY_EXISTS" not in str(e):
-            raise
     tags = {"train_run_id": train_run_id} if train_run_id else {}
     return client.create_model_version(name, source=f"{run.info.artifact_uri}/selector", run_id=run.info.run_id,
                                        tags=tags)

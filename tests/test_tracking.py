@@ -4,6 +4,7 @@ nested under it, stage runs that start when their process started."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,25 @@ def test_other_params_start_a_new_parent_and_the_env_var_wins(cfg, monkeypatch):
     assert "mlflow.parentRunId" not in tracking.stage_tags(cfg, "export")
     monkeypatch.setenv("BRANCHPOINT_PARENT_RUN_ID", first)
     assert tracking.stage_tags(other, "export")["mlflow.parentRunId"] == first
+
+
+def test_registering_twice_adds_a_version_whose_files_are_the_folder(cfg, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pipeline import tracking
+    from pipeline.export import register_selector
+
+    folder = tmp_path / "sel"
+    folder.mkdir()
+    (folder / "selector.onnx").write_bytes(b"onnx")
+    (folder / "selector.json").write_text("{}")
+    client = MlflowClient(cfg.tracking.uri)
+    versions = []
+    for _ in range(2):
+        with tracking.start_run(cfg, "export") as run:
+            mlflow.log_artifacts(str(folder), artifact_path="selector")
+            versions.append(register_selector(client, "bp-selector", run, "train-1"))
+    assert [int(v.version) for v in versions] == [1, 2] and versions[1].tags == {"train_run_id": "train-1"}
+    got = mlflow.artifacts.download_artifacts("models:/bp-selector/2", dst_path=str(tmp_path / "got"))
+    assert sorted(p.name for p in Path(got).iterdir()) == ["selector.json", "selector.onnx"]
