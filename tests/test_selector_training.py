@@ -237,7 +237,10 @@ def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("branchpoint")
     runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 3
+    parent = [r.info.run_id for r in runs if r.data.tags.get("stage") == "pipeline"]
+    runs = [r for r in runs if r.data.tags.get("stage") != "pipeline"]
+    assert len(runs) == 3 and len(parent) == 1  # selector + 2 baselines, nested under the pipeline run
+    assert all(r.data.tags["mlflow.parentRunId"] == parent[0] for r in runs)
     sel = next(r for r in runs if r.data.tags.get("model") == "selector")
     assert sel.data.tags["dataset_config_hash"] == "tiny0123" and sel.data.tags["stage"] == "train"
     assert "git_revision" in sel.data.tags
