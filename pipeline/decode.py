@@ -119,7 +119,6 @@ def run(cfg, args) -> int:
     used = steps_used(result.stats)
     if policy is not action:  # the selector chose each step's method: name what ran, not the default
         result.stats.method = "selector (" + ", ".join(m for m in used["methods"]) + ")"
-
     print(f"pair: target {pair.target_spec}, draft {draft_spec if method != AUTOREGRESSIVE else '-'}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
           f"(loaded in {load_s:.1f} s)")
@@ -131,11 +130,17 @@ def run(cfg, args) -> int:
     print(result.stats.summary())
     print(f"  steps used: {used_label(used)}")
     if args.json:
-        from decoding.files import write_json_atomic
-
-        write_json_atomic(args.json, {
-            "prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
-            "action": str(action) if policy is action else str(policy), "used": used,
-            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
-            "stats": result.stats.to_dict() | {"methods": used["methods"], "actions": used["actions"]}}, sort_keys=False)
+        _write_json(args.json, {"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
+                                "action": str(action) if policy is action else str(policy)}, sampling, result.stats)
     return 0
+
+
+def _write_json(path: str, run: dict, sampling, stats) -> None:
+    """The run, its sampling and statistics, with the steps per method and action (`steps_used`), atomically."""
+    from decoding.files import write_json_atomic
+
+    used = steps_used(stats)
+    write_json_atomic(path, {**run, "used": used,
+                             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
+                             "stats": stats.to_dict() | {"methods": used["methods"], "actions": used["actions"]}},
+                      sort_keys=False)
