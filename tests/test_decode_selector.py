@@ -102,6 +102,7 @@ def test_selector_downloaded_from_the_mlflow_registry_and_a_run_decodes(project,
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("BRANCHPOINT_PARENT_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)  # the sqlite store keeps its artifacts in ./mlruns
     cfg = load_config(params, [f"model.cache_dir={tmp_path / 'cache'}", f"export.out={root / 'selector'}"])
     sidecar = read_json(root / "selector" / "selector.json", ValueError, "")
     inputs = random_inputs(SelectorRuntime(root / "selector").schema, 2)

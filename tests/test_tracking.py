@@ -15,6 +15,7 @@ from pipeline.config import load_config
 def cfg(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("BRANCHPOINT_PARENT_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)  # the sqlite store keeps its artifacts in ./mlruns
     return load_config(None, [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=bp-test",
                               f"model.cache_dir={tmp_path / 'cache'}", f"export.out={tmp_path / 'no-selector'}"])
 
