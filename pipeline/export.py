@@ -54,7 +54,7 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict) -> str | None:
 
     example = {k: np.asarray(v[:1], dtype=np.float32) for k, v in inputs.items()}
     example["step_seconds"] = np.ones((1, len(sidecar["outputs"]["table"])), dtype=np.float32)
-    outputs = {"expected_block_efficiency": np.zeros((1, len(sidecar["outputs"]["table"])), dtype=np.float32),
+    outputs = {sidecar["outputs"]["names"][0]: np.zeros((1, len(sidecar["outputs"]["table"])), dtype=np.float32),
                "choice": np.zeros(1, dtype=np.int64)}
     with start_run(cfg, "export") as run:
         mlflow.log_params({"feature_set": sidecar["feature_set"], "methods": ",".join(sidecar["outputs"]["methods"]),

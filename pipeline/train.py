@@ -117,7 +117,8 @@ def training_data(cfg):
     labels = {m: label_matrix(ds, m) for m in collected}
     label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
-    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
+    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                      *layout.constraints())
     infer = inference_seconds(probe) if tc.charge_inference else 0.0
     data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
     return manifest, layout, schema, latency, data, infer
@@ -141,7 +142,8 @@ def run(cfg, args) -> int:
     start = time.perf_counter()
     manifest, layout, schema, latency, data, infer = training_data(cfg)
     dm = SelectorDataModule(data, tc.batch_size, tc.seed)
-    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
+    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                      *layout.constraints())
     load_seconds = time.perf_counter() - start
 
     run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"

@@ -279,3 +279,32 @@ def test_duplicate_steps_are_never_chosen():
     assert d["traversal:1,0,0"] and not d["traversal:2,0,0"] and not d["specinfer:1,0,0"]  # one plain step
     assert d["traversal:1,1,0"] and not d["traversal:2,1,0"] and d["specinfer:1,1,0"]  # chains: K irrelevant
     assert d["traversal:2,0,1"] and d["specinfer:2,1,1"]
+
+
+def test_known_outputs_are_fixed_and_tied_not_learned(tmp_path):
+    """The empty tree's output is exactly 1 at every root (whatever the weights, and with no gradient);
+    an L2 = 0 chain equals its smallest-K twin; both survive save / load."""
+    layout = OutputLayout(("traversal", "specinfer"), tuple(SPACE), True)
+    tied, fixed = layout.constraints()
+    empty = [o for o in range(layout.size) if layout.output(o)[1].tree_size == 0]
+    assert sorted(fixed) == empty and set(fixed.values()) == {1.0} and len(empty) == 2 * 2  # K = 1, 2
+    m, a = layout.output(tied[layout.index("specinfer", Action(2, 2, 0))])
+    assert (m, a) == ("specinfer", Action(1, 2, 0))
+    assert tied[layout.index("traversal", Action(2, 1, 2))] == layout.index("traversal", Action(2, 1, 2))
+    torch.manual_seed(0)
+    net = SelectorNet({"h_p_prev": 6}, 3, layout.size, proj=8, widths=(16,), dropout=0.0, tied=tied, fixed=fixed)
+    with torch.no_grad():
+        net.mlp[-1].bias.add_(5.0)  # a fitted output would move with its bias
+    x = [torch.randn(7, 6), torch.randn(7, 3)]
+    out = net(*x)
+    assert torch.equal(out[:, empty], torch.ones(7, len(empty)))
+    k2 = layout.index("traversal", Action(2, 2, 0))
+    assert torch.equal(out[:, k2], out[:, layout.index("traversal", Action(1, 2, 0))])
+    out[:, empty].sum().backward()
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in net.parameters())
+    meta = {"feature_set": "paper", "schema": {}, "outputs": {**layout.to_dict(), "valid": layout.distinct()}}
+    save_selector(tmp_path / "sel", net.eval(), meta)
+    loaded, _ = load_selector(tmp_path / "sel")
+    assert torch.equal(loaded(*x), net(*x))
+    with pytest.raises(ValueError, match="free output"):
+        SelectorNet({"h_p_prev": 6}, 3, 3, tied=[1, 2, 2])
