@@ -46,6 +46,8 @@ def random_selector(feature_set: str = "paper", methods=("traversal",), seed: in
     net = SelectorNet({h: shapes[h][0] for h in schema.hidden}, len(schema.scalars), outputs, proj=16,
                       widths=(32, 16), dropout=0.0, tied=layout.constraints()[0],
                       fixed=layout.constraints()[1]).eval()
+    with torch.no_grad():  # around the labels' scale (as training starts, `init_output_bias`), so it speculates
+        net.mlp[-1].bias.add_(2.0)
     valid = [not (m == "bv" and a.K > 1 and a.L2 > 0) for m in methods for a in SPACE]
     meta = {"feature_set": feature_set, "schema": schema.to_dict(),
             "outputs": {"methods": list(methods), "actions": actions, "auto": len(methods) > 1, "valid": valid},

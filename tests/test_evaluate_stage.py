@@ -107,10 +107,10 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert main(["evaluate", "--params", str(path)]) == 0
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
-    names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "selector:auto",
-             "selector:traversal", "selector:gbv"]
+    names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
+             "selector:auto", "selector:traversal", "selector:gbv"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 32}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 36}
     for name, e in m["policies"].items():
         assert e["units"] == 4 and e["prompts"] == 2
         r = e["tokens_per_second"]
@@ -131,6 +131,17 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
     assert m["selector"]["policy"] == "selector:auto"
     assert m["selector_tps_vs_autoregressive"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
+    # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
+    sel = m["policies"]["selector:auto"]
+    assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
+    assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
+    for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain")):
+        r = sel[f"tps_vs_{ref}"]
+        assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
+            r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
+    assert m["selector_vs_threshold_chain"] is None
+    adaptive = m["chosen"]["adaptive_chain"]  # naive chains only (the grid's K = 1, L2 = 0 actions)
+    assert adaptive and all(k.split(":")[0] == "naive" and parse_action(k.split(":")[1]).is_chain for k in adaptive)
     depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()
     assert depth[0].split(",") == ["depth", "chain", "static_traversal", "selector", "chain_from_labels"]
     assert depth[1].split(",")[3] != ""  # the selector's depth-1 acceptance
