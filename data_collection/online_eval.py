@@ -177,6 +177,23 @@ def chosen(runs: Sequence[dict], policy: str) -> dict[str, float]:
     return {k: v / total for k, v in counts.most_common()} if total else {}
 
 
+def choices_by(runs: Sequence[dict], policy: str, column: str, top: int = 3) -> dict[str, dict]:
+    """Per value of ``column`` (temperature, source): where the policy speculates (fraction of its steps with
+    a tree), its ``top`` most used ``method:action`` with their share of steps, and its steps."""
+    by: dict[str, Counter] = {}
+    for r in runs:
+        if r["policy"] == policy:
+            by.setdefault(str(r[column]), Counter()).update(r["choices"])
+    out = {}
+    for value, counts in sorted(by.items()):
+        total = sum(counts.values())
+        if not total:
+            continue
+        out[value] = {"steps": int(total), "speculate_fraction": 1.0 - counts.get(AUTOREGRESSIVE, 0) / total,
+                      "top": {k: v / total for k, v in counts.most_common(top)}}
+    return out
+
+
 class Progress:
     """A one-line progress report with an ETA (printed at most every ``every`` seconds)."""
 

@@ -239,6 +239,8 @@ def run(cfg, args) -> int:
     if runtime is not None:
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
                                "feature_set": runtime.schema.feature_set, "policy": primary}
+    if primary:  # where the selector speculates, what it chooses, what it gains: per sampling setting / source
+        metrics["selector_by"] = {col: oe.choices_by(runs, primary, col) for col in ("temperature", "source")}
     metrics.update(headline(table, primary))  # flat, for `dvc metrics diff` and the headline file
     paths = write_outputs(cfg, metrics, runs)
     write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)

@@ -146,6 +146,11 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert depth[0].split(",") == ["depth", "chain", "static_traversal", "selector", "chain_from_labels"]
     assert depth[1].split(",")[3] != ""  # the selector's depth-1 acceptance
     assert set(m["gain_by_temperature"]["autoregressive"]) == {"0.6", "1.0"}
+    by_t = m["selector_by"]["temperature"]  # where it speculates / what it chooses, per sampling setting
+    by_s = m["selector_by"]["source"]
+    assert set(by_t) == {"0.6", "1.0"} and sum(e["steps"] for e in by_t.values()) == sum(e["steps"] for e in by_s.values())
+    for e in [*by_t.values(), *m["selector_by"]["source"].values()]:
+        assert 0 <= e["speculate_fraction"] <= 1 and 0 < sum(e["top"].values()) <= 1 + 1e-9
     assert m["findings"]["gbv"]["testable"] and m["findings"]["claim1_traversal_beats_ot_at_root_branching"]["testable"]
     assert m["offline"]["selector"] is None and m["offline"]["test_roots"] > 0
     for f in ("tps_by_policy", "gain_by_temperature", "gain_by_source", "acceptance_by_depth", "chosen_actions"):
@@ -153,6 +158,7 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     report = (root / "out/reports/report.md").read_text()
     figures = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
     assert len(figures) >= 4 and all((root / "out/reports" / f).is_file() for f in figures)
+    assert "| T = 0.6 |" in report and "## Where the selector speculates" in report
     assert "| selector:auto |" in report and "GBV vs Traversal" in report and "static:traversal" in printed
     import mlflow
 
