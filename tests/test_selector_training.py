@@ -308,3 +308,26 @@ def test_known_outputs_are_fixed_and_tied_not_learned(tmp_path):
     assert torch.equal(loaded(*x), net(*x))
     with pytest.raises(ValueError, match="free output"):
         SelectorNet({"h_p_prev": 6}, 3, 3, tied=[1, 2, 2])
+
+
+def test_learning_curve_study_trains_on_growing_prompt_subsets(collected, tmp_path, monkeypatch):
+    from pipeline.study import main, train_subset
+
+    data = _real_data(collected)
+    train_prompts = sorted(set(data.prompt_id[data.rows("train")].tolist()))
+    sub = train_subset(data, set(train_prompts[:1]))
+    assert set(sub.prompt_id[sub.rows("train")].tolist()) == {train_prompts[0]}
+    assert len(sub.rows("val")) == len(data.rows("val")) and len(sub.rows("test")) == len(data.rows("test"))
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "study/lc.json"
+    assert main(["learning-curve", "--fractions", "0.5", "1", "--out", str(out), "--set", f"collect.out={collected}",
+                 "--set", f"profile.out={profile}", "--set", "train.epochs=2"]) == 0
+    result = json.loads(out.read_text())
+    pts = result["points"]
+    assert [p["fraction"] for p in pts] == [0.5, 1.0] and pts[0]["train_prompts"] == 2 and pts[1]["train_prompts"] == 4
+    assert pts[0]["train_roots"] < pts[1]["train_roots"] and pts[0]["test_roots"] == pts[1]["test_roots"] > 0
+    assert all(0 < p["selector_vs_oracle"] <= 1 + 1e-9 and p["mae"] >= 0 for p in pts)
+    assert (tmp_path / "study/lc.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        main(["learning-curve", "--fractions", "0"])

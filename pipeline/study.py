@@ -1,0 +1,125 @@
+"""Selector studies on the collected data (not a dvc stage): ``python -m pipeline.study learning-curve --help``.
+
+``learning-curve``: selector quality vs training roots. The TRAIN prompts are shuffled (``--seed``) and the
+first 25 / 50 / 100 % of them (``--fractions``) train a selector each, with the stage's settings
+(``train.*``: feature set, objective, epochs, ...); VAL picks the epoch, and every selector is scored on the
+same TEST roots (`models.selector_eval.evaluate`): selector / oracle, / best static, / autoregressive,
+regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
+(``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from decoding.files import write_json_atomic
+
+KEYS = ("selector_vs_oracle", "selector_vs_best_static", "selector_vs_autoregressive", "regret", "mae", "spearman")
+
+
+def train_subset(data, keep_prompts: set[str]):
+    """``data`` without the TRAIN roots of prompts outside ``keep_prompts`` (VAL and TEST untouched)."""
+    keep = (data.split != "train") | np.isin(data.prompt_id, sorted(keep_prompts))
+    return data.subset(np.flatnonzero(keep))
+
+
+def fit_and_score(cfg, data, layout, schema) -> dict:
+    """One selector trained on ``data``'s TRAIN roots with ``train.*``; its TEST report (KEYS + roots)."""
+    from models.selector import SelectorNet
+    from models.selector_data import SelectorDataModule
+    from models.selector_eval import evaluate
+    from models.selector_training import SelectorHParams, fit_selector, predict
+
+    tc = cfg.train
+    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                      *layout.constraints())
+    hp = SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
+                         label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
+                         throughput_alpha=tc.throughput_alpha)
+    fit_selector(net, SelectorDataModule(data, tc.batch_size, tc.seed), hp, seed=tc.seed)
+    fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
+    report = evaluate(predict(net, test), test, fit, fit.valid_outputs())
+    return {"train_roots": len(fit), "train_prompts": int(len(set(fit.prompt_id.tolist()))),
+            "test_roots": len(test), **{k: float(report[k]) for k in KEYS}}
+
+
+def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
+    from pipeline.train import training_data
+
+    _, layout, schema, _, data, _ = training_data(cfg)
+    if not len(data.rows("test")):
+        raise SystemExit("study: the collected dataset has no TEST roots to score on; collect with splits including test")
+    prompts = sorted(set(data.prompt_id[data.rows("train")].tolist()))
+    order = [prompts[i] for i in np.random.default_rng(seed).permutation(len(prompts))]
+    points = []
+    for f in fractions:
+        n = max(1, int(round(f * len(order))))
+        point = {"fraction": f, **fit_and_score(cfg, train_subset(data, set(order[:n])), layout, schema)}
+        print(f"study learning-curve: {f:.0%} of TRAIN prompts ({point['train_roots']} roots): "
+              + ", ".join(f"{k} {point[k]:.3f}" for k in KEYS), flush=True)
+        points.append(point)
+    return {"study": "learning-curve", "feature_set": cfg.train.feature_set, "objective": cfg.train.objective,
+            "method": cfg.train.method, "seed": seed, "dataset": cfg.collect.out, "points": points,
+            "note": "each point: a selector trained on the first fraction of the shuffled TRAIN prompts, "
+                    "scored on all TEST roots (offline, labels + latency profile)"}
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = result["points"]
+    x = [p["train_roots"] for p in pts]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, keys in zip(axes, (("selector_vs_oracle", "selector_vs_best_static", "selector_vs_autoregressive"),
+                               ("mae",), ("spearman",)), strict=True):
+        for k in keys:
+            ax.plot(x, [p[k] for p in pts], marker="o", label=k)
+        ax.set_xlabel("training roots")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"learning curve ({result['feature_set']}, {result['objective']}), TEST roots")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.config import load_config
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="study", required=True)
+    lc = sub.add_parser("learning-curve", help="selector quality vs training roots (TEST roots, offline)")
+    lc.add_argument("--params", default="params.yaml", help="params file or preset (configs/quick.yaml, ...)")
+    lc.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0])
+    lc.add_argument("--seed", type=int, default=0, help="shuffle of the TRAIN prompts")
+    lc.add_argument("--out", default="metrics/study_learning_curve.json")
+    lc.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a parameter, e.g. --set train.epochs=10 (repeatable)")
+    args = parser.parse_args(argv)
+    if any(not 0 < f <= 1 for f in args.fractions):
+        parser.error(f"--fractions must be in (0, 1], got {args.fractions}")
+    cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
+                      args.overrides)
+    result = learning_curve(cfg, sorted(args.fractions), args.seed)
+    out = Path(args.out)
+    result["plot"] = str(plot(result, out.with_suffix(".png")))
+    write_json_atomic(out, result)
+    print(json.dumps({"out": str(out), "plot": result["plot"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
