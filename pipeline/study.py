@@ -34,15 +34,13 @@ def fit_and_score(cfg, data, layout, schema) -> dict:
     from models.selector import SelectorNet
     from models.selector_data import SelectorDataModule
     from models.selector_eval import evaluate
-    from models.selector_training import SelectorHParams, fit_selector, predict
+    from models.selector_training import fit_selector, predict
+    from pipeline.train import hparams
 
     tc = cfg.train
     net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                       *layout.constraints())
-    hp = SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
-                         label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
-                         throughput_alpha=tc.throughput_alpha)
-    fit_selector(net, SelectorDataModule(data, tc.batch_size, tc.seed), hp, seed=tc.seed)
+    fit_selector(net, SelectorDataModule(data, tc.batch_size, tc.seed), hparams(tc), seed=tc.seed)
     fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
     report = evaluate(predict(net, test), test, fit, fit.valid_outputs())
     return {"train_roots": len(fit), "train_prompts": int(len(set(fit.prompt_id.tolist()))),
