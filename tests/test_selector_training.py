@@ -331,3 +331,36 @@ def test_learning_curve_study_trains_on_growing_prompt_subsets(collected, tmp_pa
     assert (tmp_path / "study/lc.png").stat().st_size > 1000
     with pytest.raises(SystemExit):
         main(["learning-curve", "--fractions", "0"])
+
+
+def test_cascade_declines_at_stage_one_and_prices_both_stages():
+    from types import SimpleNamespace
+
+    from pipeline.study import cascade_choice
+
+    # outputs: 0 = plain step, 1 and 2 speculate; two roots
+    spec = np.array([False, True, True])
+    t1 = SimpleNamespace(cost=np.array([[1.1, 2.1, 3.1]] * 2), cost_static=np.array([[1.0, 2.0, 3.0]] * 2))
+    t2 = SimpleNamespace(cost=np.array([[1.5, 2.5, 3.5]] * 2))
+    pred1 = np.array([[1.0, 1.5, 1.6],   # root 0: 1/1.1 > 1.5/2.1 -> declines
+                      [1.0, 3.0, 1.0]])  # root 1: speculates
+    pred2 = np.array([[9.0, 1.0, 9.0],   # stage 2 is never asked at root 0
+                      [9.0, 1.0, 7.0]])  # root 1: stage 2 picks 2 (7/3.5 > 1/2.5), never the plain step 0
+    valid = np.ones(3, bool)
+    choice, seconds = cascade_choice(pred1, t1, pred2, t2, valid, spec)
+    assert choice.tolist() == [0, 2]
+    assert seconds == pytest.approx([1.1, 3.5 + (2.1 - 2.0)])  # root 1: stage 2's step + stage 1's overhead
+
+
+def test_cascade_study_runs(collected, tmp_path, monkeypatch):
+    from pipeline.study import main
+
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "cascade.json"
+    assert main(["cascade", "--out", str(out), "--set", f"collect.out={collected}", "--set", f"profile.out={profile}",
+                 "--set", "train.epochs=2"]) == 0
+    res = json.loads(out.read_text())["results"]
+    assert set(res) == {"target_only", "paper", "cascade"}
+    assert all(0 < r["selector_vs_oracle"] <= 1 + 1e-9 for r in res.values())
+    assert 0 <= res["cascade"]["speculate_fraction"] <= 1
