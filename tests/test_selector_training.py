@@ -364,3 +364,17 @@ def test_cascade_study_runs(collected, tmp_path, monkeypatch):
     assert set(res) == {"target_only", "paper", "cascade"}
     assert all(0 < r["selector_vs_oracle"] <= 1 + 1e-9 for r in res.values())
     assert 0 <= res["cascade"]["speculate_fraction"] <= 1
+
+
+def test_baseline_predictions_take_the_known_values():
+    from models.selector_baselines import with_known_values
+
+    layout = OutputLayout(("traversal",), tuple(SPACE))
+    pred = np.random.default_rng(0).normal(size=(5, layout.size))
+    got = with_known_values(pred, layout)
+    empty = [o for o in range(layout.size) if layout.output(o)[1].tree_size == 0]
+    assert np.all(got[:, empty] == 1.0)
+    k2, k1 = layout.index("traversal", Action(2, 1, 0)), layout.index("traversal", Action(1, 1, 0))
+    assert np.array_equal(got[:, k2], pred[:, k1]) and np.array_equal(got[:, k1], pred[:, k1])
+    free = layout.index("traversal", Action(2, 1, 2))
+    assert np.array_equal(got[:, free], pred[:, free])
