@@ -9,6 +9,11 @@ Terms:
   labels with the latency model's step times (`throughput.best_static`; ALGORITHMS.md section 6). The
   chain's labels are those of a collected OT method on K = 1 chains (standard speculative sampling;
   `findings.chain_source`).
+- *adaptive chain* (`ADAPTIVE_CHAIN`): ``naive`` chains whose length follows a moving average of recent
+  accepted lengths (`decoding.selector.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
+  static length, at most the grid's longest chain.
+- the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
+  latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
 - a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
   every unit, in an order rotated per unit, so slow phases of a shared machine hit all policies alike.
 - a *run*: one (unit, policy) decode: its tokens, seconds, block-efficiency counts and per-depth counts.
@@ -32,6 +37,8 @@ from .findings import chain_source
 
 AUTOREGRESSIVE = "autoregressive"
 CHAIN = "chain"
+ADAPTIVE_CHAIN = "adaptive_chain"
+BEST_STATIC = "best_static"
 CHAIN_METHOD = "naive"
 AR_ACTION = Action(1, 0, 0)
 
@@ -68,6 +75,24 @@ def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpac
         E = np.where(size > 0, labels[m], np.nan)
         out[f"static:{m}"] = (m, throughput.best_static(E, T))
     return out
+
+
+def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]]) -> EvalPolicy:
+    """The adaptive chain over the grid's chains (``K = 1, L2 = 0``), started at the best static chain's length."""
+    from decoding.selector import AdaptiveChain
+
+    lengths = [a.L1 for a in space if a.is_chain and a.tree_size > 0]
+    if not lengths:
+        raise ValueError("the action grid has no chain (K = 1, L2 = 0, L1 >= 1) for the adaptive chain")
+    start = space[statics[CHAIN][1]].L1 if CHAIN in statics else min(lengths)
+    policy = AdaptiveChain(max(lengths), min(max(start, 1), max(lengths)))
+    return EvalPolicy(ADAPTIVE_CHAIN, "adaptive_chain", CHAIN_METHOD, policy)
+
+
+def best_static_name(offline_fit: dict[str, dict]) -> str | None:
+    """The static policy (``static:<method>``) of the highest realized TPS in ``offline_tps`` of TRAIN roots."""
+    names = [n for n in offline_fit if n.startswith("static:")]
+    return max(names, key=lambda n: offline_fit[n]["tps"]) if names else None
 
 
 def offline_tps(labels: dict[str, np.ndarray], T: np.ndarray, statics: dict[str, tuple[str, int]],
@@ -116,6 +141,8 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_n
                 empty = step.action.tree_size == 0
                 choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}"] += 1
 
+            if callable(getattr(p.policy, "reset", None)):  # a stateful policy starts every run fresh
+                p.policy.reset()
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
                                    Sampling(u.temperature, u.top_p), int(seed), on_step=record)
             runs.append(_run_record(u, seed, p, res.stats, choices))
@@ -148,6 +175,23 @@ def chosen(runs: Sequence[dict], policy: str) -> dict[str, float]:
             counts.update(r["choices"])
     total = sum(counts.values())
     return {k: v / total for k, v in counts.most_common()} if total else {}
+
+
+def choices_by(runs: Sequence[dict], policy: str, column: str, top: int = 3) -> dict[str, dict]:
+    """Per value of ``column`` (temperature, source): where the policy speculates (fraction of its steps with
+    a tree), its ``top`` most used ``method:action`` with their share of steps, and its steps."""
+    by: dict[str, Counter] = {}
+    for r in runs:
+        if r["policy"] == policy:
+            by.setdefault(str(r[column]), Counter()).update(r["choices"])
+    out = {}
+    for value, counts in sorted(by.items()):
+        total = sum(counts.values())
+        if not total:
+            continue
+        out[value] = {"steps": int(total), "speculate_fraction": 1.0 - counts.get(AUTOREGRESSIVE, 0) / total,
+                      "top": {k: v / total for k, v in counts.most_common(top)}}
+    return out
 
 
 class Progress:

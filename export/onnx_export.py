@@ -4,7 +4,8 @@ The graph (`DecisionGraph`): the selector network (feature standardisation insid
 the decision of ALGORITHMS.md section 6 over its outputs:
 
     inputs   <features of the schema> (float32 [batch, ...]), step_seconds [batch, outputs]
-    outputs  expected_block_efficiency [batch, outputs], choice [batch] = argmax over valid outputs of Ê / T
+    outputs  expected_block_efficiency [batch, outputs] (``score`` for the ``throughput`` objective, whose
+             outputs are decision scores), choice [batch] = argmax over valid outputs of Ê / T
 
 so a runtime in any language needs nothing of ours beyond building the features (the sidecar says how)
 and pricing the actions (the sidecar holds the latency profile; a fresh one can be passed instead).
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from decoding.files import sha256_file
-from export.runtime import ONNX_FILE, OUTPUTS, SIDECAR_FILE, STEP_SECONDS
+from export.runtime import ONNX_FILE, SIDECAR_FILE, STEP_SECONDS, output_names
 
 OPSET = 17
 
@@ -63,6 +64,7 @@ def output_table(outputs: Mapping) -> list[list[str]]:
 
 def build_sidecar(meta: Mapping, onnx_sha256: str, parity: dict, versions: dict) -> dict:
     outputs = meta["outputs"]
+    names = output_names(meta.get("objective"))
     return {
         "format": "branchpoint-selector-onnx", "format_version": 1,
         "onnx_file": ONNX_FILE, "onnx_sha256": onnx_sha256, "opset": OPSET,
@@ -70,8 +72,9 @@ def build_sidecar(meta: Mapping, onnx_sha256: str, parity: dict, versions: dict)
         "inputs": [*(i["name"] for i in meta["schema"]["inputs"]), STEP_SECONDS],
         "outputs": {"methods": list(outputs["methods"]), "actions": list(outputs["actions"]),
                     "auto": bool(outputs.get("auto", False)), "valid": list(outputs["valid"]),
-                    "table": output_table(outputs), "names": list(OUTPUTS)},
-        "decision": "choice = argmax over valid outputs of expected_block_efficiency / step_seconds; "
+                    "table": output_table(outputs), "names": list(names),
+                    "tied": meta.get("architecture", {}).get("tied"), "fixed": meta.get("architecture", {}).get("fixed")},
+        "decision": f"choice = argmax over valid outputs of {names[0]} / step_seconds; "
                     "step_seconds[o] = LatencyModel.step_seconds(context_length, actions, features=feature_set) "
                     "of output o's action (decoding/latency.py) + inference_seconds, tiled over methods",
         "latency_profile": meta.get("latency"),
@@ -104,6 +107,7 @@ def export_selector(net: nn.Module, meta: Mapping, out_dir: str | Path, parity_i
     if set(names) != set(parity_inputs):
         raise ValueError(f"parity inputs {sorted(parity_inputs)} do not match the schema's {names}")
     graph = DecisionGraph(net, list(meta["outputs"]["valid"])).eval()
+    names_out = list(output_names(meta.get("objective")))
     args = tuple(torch.from_numpy(np.asarray(parity_inputs[n], dtype=np.float32)) for n in names)
     args += (torch.from_numpy(np.asarray(parity_seconds, dtype=np.float32)),)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -114,8 +118,8 @@ def export_selector(net: nn.Module, meta: Mapping, out_dir: str | Path, parity_i
         onnx_path = tmp / ONNX_FILE
         all_names = [*names, STEP_SECONDS]
         torch.onnx.export(graph, args, str(onnx_path), dynamo=False, opset_version=OPSET, input_names=all_names,
-                          output_names=list(OUTPUTS),
-                          dynamic_axes={n: {0: "batch"} for n in [*all_names, *OUTPUTS]})
+                          output_names=names_out,
+                          dynamic_axes={n: {0: "batch"} for n in [*all_names, *names_out]})
         graph.eval()  # the exporter restores the training flag of the wrapper; keep eval for parity
         model = onnx.load(str(onnx_path))
         onnx.helper.set_model_props(model, {
@@ -131,7 +135,7 @@ def export_selector(net: nn.Module, meta: Mapping, out_dir: str | Path, parity_i
         with torch.no_grad():
             e_t, c_t = graph(*args)
         sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-        e_o, c_o = sess.run(list(OUTPUTS), {n: a.numpy() for n, a in zip(all_names, args, strict=True)})
+        e_o, c_o = sess.run(names_out, {n: a.numpy() for n, a in zip(all_names, args, strict=True)})
         diff = float(np.max(np.abs(e_o - e_t.numpy()))) if e_o.size else 0.0
         same = bool(np.array_equal(c_o, c_t.numpy()))
         parity = {"rows": int(args[0].shape[0]), "max_abs_diff": diff, "identical_choices": same, "atol": atol}

@@ -4,7 +4,9 @@ An exported selector is a folder (written by ``branchpoint export``)::
 
     selector.onnx   inputs: the features of the schema (float32, batch first) and ``step_seconds``
                     [batch, outputs] (T(c, a) of every output); outputs: ``expected_block_efficiency``
-                    [batch, outputs] and ``choice`` [batch] (int64, argmax Ê / T over the valid outputs)
+                    [batch, outputs] (named ``score`` for a ``throughput`` selector: decision scores, not
+                    Ê; the sidecar's ``outputs.names``) and ``choice`` [batch] (int64, argmax over the
+                    valid outputs of the first output / T)
     selector.json   the sidecar: feature schema, output table (method, action), latency profile, pair,
                     training facts, versions, and the ONNX file's sha256
 
@@ -36,6 +38,12 @@ ONNX_FILE = "selector.onnx"
 SIDECAR_FILE = "selector.json"
 STEP_SECONDS = "step_seconds"
 OUTPUTS = ("expected_block_efficiency", "choice")
+SCORE_OUTPUTS = ("score", "choice")  # the throughput objective's outputs are decision scores, not Ê
+
+
+def output_names(objective: str | None) -> tuple[str, str]:
+    """The graph's output names for a selector trained with ``objective``."""
+    return SCORE_OUTPUTS if objective == "throughput" else OUTPUTS
 
 
 class SelectorArtifactError(UserInputError):
@@ -110,6 +118,7 @@ class SelectorRuntime:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=list(providers))
+        self.output_names = tuple(out.get("names") or OUTPUTS)
         self._check_session()
         check_sidecar_schema(self.sidecar["features"], self.schema, self.folder / SIDECAR_FILE)
         self.needs_hidden_states = bool(self.schema.hidden)
@@ -143,11 +152,12 @@ class SelectorRuntime:
         return np.tile(per_action, len(self.methods)).astype(np.float32)
 
     def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first)."""
+        """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first); for a
+        ``throughput`` selector the first array holds its decision scores (``output_names[0]`` says which)."""
         self.schema.validate(inputs, batched=True)
         feed = {k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()}
         feed[STEP_SECONDS] = np.asarray(step_seconds, dtype=np.float32)
-        e, choice = self.session.run(list(OUTPUTS), feed)
+        e, choice = self.session.run(list(self.output_names), feed)
         if self.allowed is not None:  # the graph's rule, over the allowed outputs only
             score = np.where(self.allowed, e.astype(np.float64) / feed[STEP_SECONDS].astype(np.float64), -np.inf)
             choice = np.argmax(score, axis=-1).astype(np.int64)

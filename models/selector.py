@@ -9,7 +9,10 @@ exported into the ONNX graph), so callers hand raw features.
 Architecture: each hidden-state input -> Linear(H, proj) -> LayerNorm; concatenated with the
 standardized scalars -> Linear -> GELU -> Dropout -> Linear -> GELU -> Dropout -> Linear to one output per
 action (or per (method, action) for ``method: auto``). Output o is the predicted expected block
-efficiency Ê of output o's action; the decision (`argmax Ê / T`, `decoding.throughput.choose`) is not
+efficiency Ê of output o's action (for the ``throughput`` objective: a decision *score*, not a calibrated
+Ê). Known values are not learned (`OutputLayout.constraints`): the empty tree's output is fixed at 1 and
+an ``L2 = 0`` chain copies the output of its smallest-K twin, inside the network and so inside the export;
+the decision (`argmax Ê / T`, `decoding.throughput.choose`) is not
 part of the network.
 
 Output layout (`OutputLayout`): ``method: <name>`` has one output per action of the grid, in
@@ -99,6 +102,22 @@ class OutputLayout:
                 out.append(a.L2 > 0 or a.K == k_min)
         return out
 
+    def constraints(self) -> tuple[list[int], dict[int, float]]:
+        """Outputs whose value is known, not learned: ``(tied, fixed)``. ``tied[o]`` is the output whose value
+        output ``o`` takes (itself for a free output): an ``L2 = 0`` chain is the same tree whatever K, so it
+        takes the value of the same method's chain with the smallest K. ``fixed[o]`` is a known value: an
+        empty tree (``L1 = L2 = 0``) is one plain target step, Ê = 1 exactly, under every method and K."""
+        tied = list(range(self.size))
+        fixed: dict[int, float] = {}
+        for o in range(self.size):
+            method, a = self.output(o)
+            if a.tree_size == 0:
+                fixed[o] = 1.0
+            elif a.L2 == 0:
+                same = [b for b in self.actions if b.L2 == 0 and b.L1 == a.L1]
+                tied[o] = self.index(method, min(same, key=lambda b: b.K))
+        return tied, fixed
+
     def to_dict(self) -> dict:
         return {"method": AUTO if self.auto else self.methods[0], "auto": self.auto, "methods": list(self.methods),
                 "actions": [str(a) for a in self.actions],
@@ -114,11 +133,25 @@ class SelectorNet(nn.Module):
     """Ê per output from raw root features (see module docstring)."""
 
     def __init__(self, hidden_sizes: Mapping[str, int], num_scalars: int, num_outputs: int, proj: int = 128,
-                 widths: Sequence[int] = (512, 32), dropout: float = 0.1) -> None:
+                 widths: Sequence[int] = (512, 32), dropout: float = 0.1, tied: Sequence[int] | None = None,
+                 fixed: Mapping[int, float] | None = None) -> None:
         super().__init__()
+        tied = list(range(int(num_outputs))) if tied is None else [int(t) for t in tied]
+        fixed = {int(o): float(v) for o, v in (fixed or {}).items()}
+        if len(tied) != int(num_outputs) or any(not 0 <= t < int(num_outputs) or tied[t] != t for t in tied):
+            raise ValueError(f"tied must map each of the {num_outputs} outputs to a free output, got {tied}")
+        if any(not 0 <= o < int(num_outputs) for o in fixed):
+            raise ValueError(f"fixed outputs {sorted(fixed)} out of range for {num_outputs} outputs")
         self.architecture = {"hidden_sizes": {k: int(v) for k, v in hidden_sizes.items()},
                              "num_scalars": int(num_scalars), "num_outputs": int(num_outputs), "proj": int(proj),
-                             "widths": [int(w) for w in widths], "dropout": float(dropout)}
+                             "widths": [int(w) for w in widths], "dropout": float(dropout), "tied": tied,
+                             "fixed": {str(o): v for o, v in sorted(fixed.items())}}
+        # known values (`OutputLayout.constraints`), rebuilt from the architecture, so not in the state dict
+        self.register_buffer("tied", torch.tensor(tied, dtype=torch.long), persistent=False)
+        self.register_buffer("fixed_mask", torch.tensor([o in fixed for o in range(int(num_outputs))]),
+                             persistent=False)
+        self.register_buffer("fixed_value", torch.tensor([fixed.get(o, 0.0) for o in range(int(num_outputs))],
+                                                         dtype=torch.float32), persistent=False)
         self.hidden_names = tuple(hidden_sizes)
         self.input_names = (*self.hidden_names, "scalars")
         self.num_scalars, self.num_outputs = int(num_scalars), int(num_outputs)
@@ -148,12 +181,14 @@ class SelectorNet(nn.Module):
         return (x - getattr(self, f"{name}_mean")) / getattr(self, f"{name}_std")
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``inputs`` in `input_names` order -> ``[B, num_outputs]`` predicted Ê."""
+        """``inputs`` in `input_names` order -> ``[B, num_outputs]`` predicted Ê (tied outputs copied, fixed
+        outputs set: they are never fitted)."""
         if len(inputs) != len(self.input_names):
             raise ValueError(f"SelectorNet expects inputs {self.input_names}, got {len(inputs)} tensors")
         parts = [self.proj[name](self._standardize(name, x)) for name, x in zip(self.hidden_names, inputs[:-1], strict=True)]
         parts.append(self._standardize("scalars", inputs[-1]))
-        return self.mlp(torch.cat(parts, dim=-1))
+        raw = self.mlp(torch.cat(parts, dim=-1)).index_select(-1, self.tied)
+        return torch.where(self.fixed_mask, self.fixed_value.to(raw.dtype), raw)
 
 
 def save_selector(folder: str | Path, net: SelectorNet, meta: Mapping) -> Path:
@@ -198,7 +233,8 @@ def load_selector(folder: str | Path, map_location: str = "cpu") -> tuple[Select
     meta = read_selector_meta(folder)
     arch = meta["architecture"]
     net = SelectorNet(arch["hidden_sizes"], arch["num_scalars"], arch["num_outputs"], arch["proj"],
-                      arch["widths"], arch["dropout"])
+                      arch["widths"], arch["dropout"], arch.get("tied"),
+                      {int(o): v for o, v in (arch.get("fixed") or {}).items()})
     weights = Path(folder) / WEIGHTS_FILE
     if not weights.is_file():
         raise SelectorLoadError(f"{weights} not found (the folder holds {META_FILE} but no weights)")

@@ -6,6 +6,8 @@
   features (no hidden states), deciding by ``argmax Ê_pred / T`` at the feature set's cost;
 - ``hgb``: one `HistGradientBoostingRegressor` per output on the same scalars (outputs whose train labels
   are identical, e.g. the ``L2 = 0`` actions that differ only in K, share one model).
+Both regressors' predictions take the known values as the selector does (`with_known_values`: the empty
+tree's Ê is 1, tied outputs copy their twin).
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ class ScalarRegressor:
         return out
 
 
+def with_known_values(pred: np.ndarray, layout) -> np.ndarray:
+    """``pred`` with the layout's known values (`OutputLayout.constraints`): tied outputs copied, fixed set."""
+    tied, fixed = layout.constraints()
+    out = np.asarray(pred, dtype=np.float64)[:, tied]
+    for o, v in fixed.items():
+        out[:, o] = v
+    return out
+
+
 def baseline_reports(fit: SelectorData, evals: dict[str, SelectorData], evaluate, kinds=BASELINES,
                      seed: int = 0) -> dict[str, dict]:
     """``{baseline: {"fit_seconds", <eval name>: report}}``: each baseline fitted on ``fit`` and evaluated
@@ -86,7 +97,8 @@ def baseline_reports(fit: SelectorData, evals: dict[str, SelectorData], evaluate
             model = ScalarRegressor(kind, seed).fit(fit.inputs["scalars"], fit.labels.astype(np.float64), valid)
             entry = {"fit_seconds": time.perf_counter() - start}
             for name, data in evals.items():
-                entry[name] = evaluate(model.predict(data.inputs["scalars"]), data, fit, valid)
+                pred = with_known_values(model.predict(data.inputs["scalars"]), data.layout)
+                entry[name] = evaluate(pred, data, fit, valid)
         else:
             raise ValueError(f"unknown baseline {kind!r}; known: {', '.join(BASELINES)}")
         out[kind] = entry

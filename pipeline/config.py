@@ -340,6 +340,7 @@ class EvaluateConfig:
     # always included (the reference)
     methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "gbv"])
     chain: bool = True  # chain speculative decoding (naive on K = 1) with its best static length
+    adaptive_chain: bool = True  # the acceptance-tracking chain length (decoding.selector.AdaptiveChain), naive
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
     warmup: bool = True  # one short untimed decode per policy first

@@ -8,11 +8,12 @@ plot data under ``evaluate.plots`` (`dvc plots show`), ``evaluate.report`` (repo
 MLflow run tagged ``stage=evaluate``. Steps:
 
 1. best static actions on TRAIN labels (`data_collection.online_eval.best_statics`) and their offline TPS on TEST;
-2. policies: autoregressive, chain, each method's best static, the selector (``auto`` and restricted to each
+2. policies: autoregressive, chain, the adaptive chain, each method's best static (the one of the highest
+   TRAIN TPS is ``best_static``, the hardware-aware best static tree), the selector (``auto`` and restricted to each
    of ``evaluate.selector_methods``; `export.runtime.SelectorRuntime`, priced with ``profile.out``);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
-4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive and to Traversal's
-   best static (`data_collection.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
+4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive, Traversal's
+   best static, the best static and the adaptive chain (flat ``selector_vs_*`` keys with ``_lo`` / ``_hi``) (`data_collection.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
 5. findings from the labels (`data_collection.findings`); the report (`pipeline.report`).
 """
 
@@ -74,11 +75,13 @@ def pick_units(cfg):
 
 
 def build_policies(cfg, statics, space, with_selector: bool):
-    from data_collection.online_eval import AR_ACTION, AUTOREGRESSIVE, EvalPolicy
+    from data_collection.online_eval import AR_ACTION, AUTOREGRESSIVE, EvalPolicy, adaptive_chain_policy
 
     policies = [EvalPolicy(AUTOREGRESSIVE, "autoregressive", AUTOREGRESSIVE, AR_ACTION)]
     for name, (method, a) in statics.items():
         policies.append(EvalPolicy(name, "chain" if name == "chain" else "static", method, space[a], str(space[a])))
+    if cfg.evaluate.adaptive_chain:
+        policies.append(adaptive_chain_policy(space, statics))
     runtime = None
     if with_selector:
         from export.runtime import SelectorRuntime
@@ -97,84 +100,140 @@ def build_policies(cfg, statics, space, with_selector: bool):
     return policies, runtime
 
 
-def run(cfg, args) -> int:
+def offline_part(cfg):
+    """Labels, best statics (TRAIN), their offline TPS (TEST and TRAIN), the best static of all, the findings."""
     import numpy as np
-    import pandas as pd
-    import torch
 
     from data_collection import online_eval as oe
     from data_collection.findings import findings
-    from data_collection.findings import headline as findings_headline
-    from data_collection.paired_stats import gain_by, policy_table
-    from decoding.engine import SpeculativeDecoder
     from decoding.latency import LatencyModel
-    from models.loading import eos_ids, load_pair
-    from pipeline.report import clean, write_outputs
 
-    ec = cfg.evaluate
-    start = time.perf_counter()
     cols, labels, space = load_labels(cfg)
-    methods = list(dict.fromkeys(["traversal", *(ec.methods or cfg.collect.methods)]))
+    methods = list(dict.fromkeys(["traversal", *(cfg.evaluate.methods or cfg.collect.methods)]))
     missing = [m for m in methods if m not in labels]
     if missing:
         raise UserInputError(f"evaluate.methods names {missing}, but {cfg.collect.out} has labels only for "
                              f"{sorted(labels)}; add them to collect.methods and re-collect, or drop them")
-    latency = LatencyModel.load(cfg.profile.out)
-    T = oe.step_seconds(latency, space, cols["context_length"])  # [N, A]
+    T = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"])  # [N, A]
     split = cols["split"]
     fit = split == "train" if (split == "train").any() else np.ones(len(split), bool)
     test = split == "test"
-    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, methods, ec.chain)
+    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, methods, cfg.evaluate.chain)
     offline = oe.offline_tps({m: E[test] for m, E in labels.items()}, T[test], statics, space)
+    best = oe.best_static_name(oe.offline_tps({m: E[fit] for m, E in labels.items()}, T[fit], statics, space))
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)
+    return {"space": space, "statics": statics, "offline": offline, "best_static": best, "findings": found,
+            "test_roots": int(test.sum()), "fit_roots": int(fit.sum())}
 
+
+def decode_all(cfg, args, off):
+    """The pair, the policies and every (unit, policy) decode: ``(units, available, policies, runtime, runs, s)``."""
+    import torch
+
+    from data_collection import online_eval as oe
+    from decoding.engine import SpeculativeDecoder
+    from models.loading import eos_ids, load_pair
+
+    ec = cfg.evaluate
     units, available = pick_units(cfg)
     torch.set_num_threads(cfg.model.threads)
     pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
                      cfg.model.device_map)
     decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos_ids(pair.tokenizer, pair.target))
-    with_selector = ec.selector and not args.no_selector
-    policies, runtime = build_policies(cfg, statics, space, with_selector)
-    load_seconds = time.perf_counter() - start
+    policies, runtime = build_policies(cfg, off["statics"], off["space"], ec.selector and not args.no_selector)
     print(f"evaluate: {len(units)} of {available} TEST prompts x {len(ec.seeds)} seeds x {len(policies)} policies "
           f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
           f"{ec.max_new_tokens} new tokens each", flush=True)
-    decode_start = time.perf_counter()
-    runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup,
-                           oe.Progress("evaluate"))
-    decode_seconds = time.perf_counter() - decode_start
+    start = time.perf_counter()
+    runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup, oe.Progress("evaluate"))
+    return units, available, policies, runtime, runs, time.perf_counter() - start
 
+
+def references(off) -> dict[str, str]:
+    """Label -> policy name of every paired-ratio reference (absent policies are skipped by the table)."""
+    from data_collection import online_eval as oe
+
+    refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
+            "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain"}
+    if off["best_static"]:
+        refs["best_static"] = off["best_static"]
+    return refs
+
+
+def tables(cfg, off, policies, runs):
+    """``(policy table with paired ratios, gains by temperature / source)``."""
+    import pandas as pd
+
+    from data_collection.paired_stats import gain_by, policy_table
+
+    ec = cfg.evaluate
     df = pd.DataFrame(runs)
-    trav = "static:traversal"
-    refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": trav}
+    refs = references(off)
     table = policy_table(df, refs, ec.ci, ec.bootstrap, ec.seed)
     table = {p.name: table[p.name] for p in policies}  # in the order of the policies
     names = [p.name for p in policies]
-    gains = {col: {ref: gain_by(df, col, names, refv, ec.ci, ec.bootstrap, ec.seed) for ref, refv in refs.items()}
+    main_refs = {k: refs[k] for k in ("autoregressive", "traversal_best_static")}
+    gains = {col: {ref: gain_by(df, col, names, refv, ec.ci, ec.bootstrap, ec.seed) for ref, refv in main_refs.items()}
              for col in ("temperature", "source")}
     for p in policies:
-        table[p.name].update({"kind": p.kind, "method": p.method, "action": p.action})
-        if p.name in offline:
-            table[p.name]["offline"] = offline[p.name]
-    train_metrics = None
-    if Path(ec.train_metrics).is_file():
-        train_metrics = json.loads(Path(ec.train_metrics).read_text())
+        table[p.name].update({"kind": p.kind, "method": p.method, "action": p.action,
+                              "best_static": p.name == off["best_static"]})
+        if p.name in off["offline"]:
+            table[p.name]["offline"] = off["offline"][p.name]
+    return table, gains
+
+
+HEADLINE = {"ar": "autoregressive", "best_static": "best_static", "adaptive_chain": "adaptive_chain",
+            "threshold_chain": "threshold_chain"}
+
+
+def headline(table: dict, primary: str | None) -> dict:
+    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios (None where a peer did not run),
+    and the older ``<key>_tps_vs_*`` names."""
+    out: dict = {}
+    entry = table.get(primary, {}) if primary else {}
+    for key, ref in HEADLINE.items():
+        r = entry.get(f"tps_vs_{ref}")
+        out[f"selector_vs_{key}"] = r["value"] if r else None
+        out[f"selector_vs_{key}_lo"] = r["low"] if r else None
+        out[f"selector_vs_{key}_hi"] = r["high"] if r else None
+    for key, name in (("selector", primary), ("static_traversal", "static:traversal")):
+        if name in table:
+            out[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
+            if "tps_vs_traversal_best_static" in table[name]:
+                out[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
+    return out
+
+
+def run(cfg, args) -> int:
+    from data_collection import online_eval as oe
+    from data_collection.findings import headline as findings_headline
+    from pipeline.report import clean, write_outputs
+
+    ec = cfg.evaluate
+    start = time.perf_counter()
+    off = offline_part(cfg)
+    units, available, policies, runtime, runs, decode_seconds = decode_all(cfg, args, off)
+    load_seconds = time.perf_counter() - start - decode_seconds  # labels, the pair, the policies
+    table, gains = tables(cfg, off, policies, runs)
+    train_metrics = json.loads(Path(ec.train_metrics).read_text()) if Path(ec.train_metrics).is_file() else None
     metrics = {
         "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "threads": cfg.model.threads},
         "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
                   "max_new_tokens": ec.max_new_tokens, "runs": len(runs)},
         "seconds": {"load": load_seconds, "decode": decode_seconds, "total": time.perf_counter() - start},
         "policies": table, "gain_by_temperature": gains["temperature"], "gain_by_source": gains["source"],
-        "acceptance_by_depth": oe.depth_acceptance(runs),
-        "chosen": {p.name: oe.chosen(runs, p.name) for p in policies if p.kind == "selector"},
-        "offline": {"test_roots": int(test.sum()), "fit_roots": int(fit.sum()), "statics": offline,
+        "acceptance_by_depth": oe.depth_acceptance(runs), "best_static": off["best_static"],
+        "chosen": {p.name: oe.chosen(runs, p.name) for p in policies if p.kind in ("selector", "adaptive_chain")},
+        "offline": {"test_roots": off["test_roots"], "fit_roots": off["fit_roots"], "statics": off["offline"],
                     "selector": _train_summary(train_metrics)},
-        "findings": found, "findings_summary": findings_headline(found),
+        "findings": off["findings"], "findings_summary": findings_headline(off["findings"]),
         "note": ("tokens/s = sum new tokens / sum wall seconds (prefill included) over prompts x seeds; intervals: "
                  f"{ec.ci:.0%} percentile bootstrap over prompts ({ec.bootstrap} resamples), paired by prompt and seed "
                  "for ratios; offline = realized TPS from TEST labels and the latency profile; best statics chosen "
-                 "on TRAIN labels"),
+                 "on TRAIN labels; best_static = the hardware-aware best static tree (highest TRAIN TPS under the "
+                 "latency model)"),
     }
     primary = next((p.name for p in policies if p.kind == "selector"), None)  # auto, or its one method
     if runtime is not None:
@@ -183,11 +242,9 @@ def run(cfg, args) -> int:
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     if primary in table and sel_offline is not None:  # the trained selector's offline ratio (TEST roots, stage train)
         table[primary]["offline"] = {"vs_autoregressive": sel_offline}
-    for key, name in (("selector", primary), ("static_traversal", trav)):
-        if name in table:  # the headline ratios, flat for `dvc metrics diff`
-            metrics[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
-            if "tps_vs_traversal_best_static" in table[name]:
-                metrics[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
+    if primary:  # where the selector speculates, what it chooses, what it gains: per sampling setting / source
+        metrics["selector_by"] = {col: oe.choices_by(runs, primary, col) for col in ("temperature", "source")}
+    metrics.update(headline(table, primary))  # flat, for `dvc metrics diff` and the headline file
     paths = write_outputs(cfg, metrics, runs)
     write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)
     print(paths["summary"])

@@ -72,7 +72,7 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: 
 
     example = {k: np.asarray(v[:1], dtype=np.float32) for k, v in inputs.items()}
     example["step_seconds"] = np.ones((1, len(sidecar["outputs"]["table"])), dtype=np.float32)
-    outputs = {"expected_block_efficiency": np.zeros((1, len(sidecar["outputs"]["table"])), dtype=np.float32),
+    outputs = {sidecar["outputs"]["names"][0]: np.zeros((1, len(sidecar["outputs"]["table"])), dtype=np.float32),
                "choice": np.zeros(1, dtype=np.int64)}
     tags = {"onnx_sha256": sidecar["onnx_sha256"], **({"train_run_id": train_run_id} if train_run_id else {})}
     with start_run(cfg, "export", tags=tags) as run:

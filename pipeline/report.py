@@ -174,6 +174,26 @@ def evaluation_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
+def selector_by_group(metrics: dict) -> str:
+    """Per sampling setting and prompt source: the selector's speculation rate, top choices and its gain."""
+    by = metrics.get("selector_by") or {}
+    policy = _selector_policy(metrics)
+    if not by or not policy:
+        return "No selector was evaluated."
+    gains = {"temperature": metrics.get("gain_by_temperature") or {}, "source": metrics.get("gain_by_source") or {}}
+    rows = [f"Policy `{policy}`. Speculates: share of its steps with a draft tree; gains: paired tokens/s ratios.", "",
+            "| group | steps | speculates | top choices | vs autoregressive | vs Traversal best static |",
+            "|---|---|---|---|---|---|"]
+    for col, label in (("temperature", "T"), ("source", "source")):
+        for value, e in (by.get(col) or {}).items():
+            top = ", ".join(f"{k} {v:.0%}" for k, v in e["top"].items())
+            ar = (gains[col].get("autoregressive") or {}).get(value, {}).get(policy)
+            trav = (gains[col].get("traversal_best_static") or {}).get(value, {}).get(policy)
+            rows.append(f"| {label} = {value} | {e['steps']} | {e['speculate_fraction']:.0%} | {top} | {_ci(ar)} | "
+                        f"{_ci(trav)} |")
+    return "\n".join(rows)
+
+
 def _selector_offline(sel: dict | None) -> str:
     if not sel or "tps" not in sel:
         return "No `metrics/train.json` (stage train) was found: the trained selector's offline table is absent."
@@ -226,6 +246,8 @@ def report_markdown(metrics: dict, figure_names: list[str]) -> str:
         "TRAIN labels; *offline vs AR* is the same policy's realized TPS on the TEST labels with the latency "
         "profile, the number the selector is trained to maximise.", "",
         evaluation_table(metrics), "", img("tps_by_policy", "tokens/s by policy"), "",
+        "## Where the selector speculates, what it chooses, what it gains", "",
+        selector_by_group(metrics), "",
         "## Online vs offline", "",
         f"Offline numbers use {off['test_roots']} TEST roots (statics fitted on {off['fit_roots']} TRAIN roots). "
         "Where online and offline disagree, the latency profile or the per-step overheads the profile does not see "

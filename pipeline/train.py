@@ -117,33 +117,20 @@ def training_data(cfg):
     labels = {m: label_matrix(ds, m) for m in collected}
     label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
-    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
+    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                        *layout.constraints())
     infer = inference_seconds(probe) if tc.charge_inference else 0.0
     data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
     return manifest, layout, schema, latency, data, infer
 
 
-def run(cfg, args) -> int:
-    import torch
+def start_tracking(cfg, args, manifest, layout, data, infer):
+    """``(MLflow logger, params, tags, tracking uri)`` of the selector's run; logs its hyperparameters once."""
     from pytorch_lightning.loggers import MLFlowLogger
 
-    from decoding.files import sha256_file, write_json_atomic
-    from models.selector import SelectorNet, save_selector
-    from models.selector_baselines import baseline_reports
-    from models.selector_data import SelectorDataModule
-    from models.selector_eval import evaluate, flat_metrics, serializable
-    from models.selector_plots import selector_plots
-    from models.selector_training import SelectorHParams, fit_selector, predict
     from pipeline.tracking import stage_tags, tracking_uri
 
     tc = cfg.train
-    torch.set_num_threads(tc.threads)
-    start = time.perf_counter()
-    manifest, layout, schema, latency, data, infer = training_data(cfg)
-    dm = SelectorDataModule(data, tc.batch_size, tc.seed)
-    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
-    load_seconds = time.perf_counter() - start
-
     run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"
     tags = stage_tags(cfg, "train", {"dataset_config_hash": manifest["config_hash"]})  # nested in the pipeline run
     uri = tracking_uri(cfg)
@@ -156,32 +143,25 @@ def run(cfg, args) -> int:
                                                                                        "objective")},
               **{f"roots_{s}": int((data.split == s).sum()) for s in ("train", "val", "test")}}
     logger.log_hyperparams(params)  # the one explicit hyperparameter log
-    hp = SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
-                         label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
-                         throughput_alpha=tc.throughput_alpha)
-    out = Path(tc.out)
-    fit_start = time.perf_counter()
-    module, best_ckpt = fit_selector(net, dm, hp, logger=logger, checkpoint_dir=str(out / "checkpoints"),
-                                     accelerator=tc.accelerator, devices=tc.devices, strategy=tc.strategy,
-                                     seed=tc.seed, progress=args.progress)
-    fit_seconds = time.perf_counter() - fit_start
-    if module.global_rank != 0:
-        return 0
+    return logger, params, tags, uri
 
-    fit, val, test = (data.subset(data.rows(s)) for s in ("train", "val", "test"))
-    valid = fit.valid_outputs()
-    reports = {"val": module.last_report}
-    if len(test):
-        reports["test"] = evaluate(predict(net, test), test, fit, valid)
-    base_start = time.perf_counter()
-    baselines = baseline_reports(fit, {k: v for k, v in (("val", val), ("test", test)) if len(v)}, evaluate,
-                                 tc.baselines, tc.seed) if tc.baselines else {}
-    base_seconds = time.perf_counter() - base_start
-    client, run_id = logger.experiment, logger.run_id
-    _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
-    baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
 
-    meta = {
+def hparams(tc):
+    from models.selector_training import SelectorHParams
+
+    return SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
+                           label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
+                           throughput_alpha=tc.throughput_alpha)
+
+
+def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
+                  best_ckpt) -> dict:
+    """The trained selector's meta (`models.selector.save_selector`)."""
+    from decoding.files import sha256_file
+    from models.selector_eval import serializable
+
+    tc = cfg.train
+    return {
         "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
         "scalars": list(schema.scalars), "objective": tc.objective,
         "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
@@ -199,30 +179,85 @@ def run(cfg, args) -> int:
         "dataset": {"path": cfg.collect.out, "config_hash": manifest["config_hash"], "rows": len(data),
                     "roots_per_split": {s: int((data.split == s).sum()) for s in ("train", "val", "test")}},
         "git_revision": tags["git_revision"], "train_config": dataclasses.asdict(tc), "mlflow_run_id": run_id,
-        "best_checkpoint": os.path.relpath(best_ckpt, out) if best_ckpt else None,
+        "best_checkpoint": os.path.relpath(best_ckpt, tc.out) if best_ckpt else None,
     }
-    save_selector(out, net, meta)
-    plot_dir = out / "plots"
+
+
+def log_selector_artifacts(client, run_id, net, out: Path, reports, splits, valid, best_ckpt) -> str:
+    """Plots of the evaluated split, the selector files and the best checkpoint into the MLflow run; the split."""
+    from models.selector_plots import selector_plots
+    from models.selector_training import predict
+
     ev = "test" if "test" in reports else "val"
-    ev_data = test if ev == "test" else val
-    for p in selector_plots(reports[ev], predict(net, ev_data), ev_data, valid, plot_dir, ev):
+    for p in selector_plots(reports[ev], predict(net, splits[ev]), splits[ev], valid, out / "plots", ev):
         client.log_artifact(run_id, str(p), "plots")
     for name in ("selector.safetensors", "selector.json"):
         client.log_artifact(run_id, str(out / name), "selector")
     if best_ckpt:
         client.log_artifact(run_id, best_ckpt, "checkpoints")
+    return ev
 
-    total = time.perf_counter() - start
-    metrics = {
+
+def train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_runs, reports, baselines) -> dict:
+    from models.selector_eval import serializable
+
+    return {
         "method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective, "outputs": layout.size,
         "roots_per_split": meta["dataset"]["roots_per_split"], "config_hash": manifest["config_hash"],
-        "seconds": {"load": load_seconds, "fit": fit_seconds, "baselines": base_seconds, "total": total},
-        "inference_seconds": infer, "mlflow_run_id": run_id, "mlflow_baseline_runs": baseline_runs,
+        "seconds": seconds, "inference_seconds": infer, "mlflow_run_id": run_id, "mlflow_baseline_runs": baseline_runs,
         **{k: serializable(r) for k, r in reports.items()},
         "baselines": {k: {"fit_seconds": e["fit_seconds"], **{s: _summary(serializable(e[s])) for s in e
                                                               if s != "fit_seconds"}}
                       for k, e in baselines.items()},
     }
+
+
+def run(cfg, args) -> int:
+    import torch
+
+    from decoding.files import write_json_atomic
+    from models.selector import SelectorNet, save_selector
+    from models.selector_baselines import baseline_reports
+    from models.selector_data import SelectorDataModule
+    from models.selector_eval import evaluate, flat_metrics
+    from models.selector_training import fit_selector, predict
+
+    tc = cfg.train
+    torch.set_num_threads(tc.threads)
+    start = time.perf_counter()
+    manifest, layout, schema, latency, data, infer = training_data(cfg)
+    dm = SelectorDataModule(data, tc.batch_size, tc.seed)
+    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                      *layout.constraints())
+    load_seconds = time.perf_counter() - start
+    logger, params, tags, uri = start_tracking(cfg, args, manifest, layout, data, infer)
+    out = Path(tc.out)
+    fit_start = time.perf_counter()
+    module, best_ckpt = fit_selector(net, dm, hparams(tc), logger=logger, checkpoint_dir=str(out / "checkpoints"),
+                                     accelerator=tc.accelerator, devices=tc.devices, strategy=tc.strategy,
+                                     seed=tc.seed, progress=args.progress)
+    fit_seconds = time.perf_counter() - fit_start
+    if module.global_rank != 0:
+        return 0
+    fit, val, test = (data.subset(data.rows(s)) for s in ("train", "val", "test"))
+    valid = fit.valid_outputs()
+    reports = {"val": module.last_report}
+    if len(test):
+        reports["test"] = evaluate(predict(net, test), test, fit, valid)
+    base_start = time.perf_counter()
+    baselines = baseline_reports(fit, {k: v for k, v in (("val", val), ("test", test)) if len(v)}, evaluate,
+                                 tc.baselines, tc.seed) if tc.baselines else {}
+    base_seconds = time.perf_counter() - base_start
+    client, run_id = logger.experiment, logger.run_id
+    _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
+    baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
+    meta = selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
+                         best_ckpt)
+    save_selector(out, net, meta)
+    ev = log_selector_artifacts(client, run_id, net, out, reports, {"test": test, "val": val}, valid, best_ckpt)
+    total = time.perf_counter() - start
+    seconds = {"load": load_seconds, "fit": fit_seconds, "baselines": base_seconds, "total": total}
+    metrics = train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_runs, reports, baselines)
     write_json_atomic(tc.metrics, metrics)
     client.set_terminated(run_id)
     print(f"train: {layout.size} outputs ({tc.method}, {tc.feature_set}, {tc.objective}); "

@@ -31,19 +31,28 @@ def toy_latency() -> LatencyModel:
                         1e-3 * (10 + 2 * tokens[None, :] + contexts[:, None] / 10), 0.5e-3, {"machine": "toy"})
 
 
-def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8)):
-    """A randomly initialised SelectorNet and the meta `models.selector.save_selector` expects."""
+def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8),
+                    objective: str = "regression"):
+    """A randomly initialised SelectorNet (known outputs fixed / tied, `OutputLayout.constraints`) and the
+    meta `models.selector.save_selector` expects."""
+    from models.selector import OutputLayout
+
     torch.manual_seed(seed)
     schema = FeatureSchema.for_pair(feature_set, *hidden)
     shapes = schema.input_shapes()
     actions = [str(a) for a in SPACE]
     outputs = len(methods) * len(actions)
+    layout = OutputLayout(tuple(methods), tuple(SPACE), len(methods) > 1)
     net = SelectorNet({h: shapes[h][0] for h in schema.hidden}, len(schema.scalars), outputs, proj=16,
-                      widths=(32, 16), dropout=0.0).eval()
+                      widths=(32, 16), dropout=0.0, tied=layout.constraints()[0],
+                      fixed=layout.constraints()[1]).eval()
+    with torch.no_grad():  # around the labels' scale (as training starts, `init_output_bias`), so it speculates
+        net.mlp[-1].bias.add_(2.0)
     valid = [not (m == "bv" and a.K > 1 and a.L2 > 0) for m in methods for a in SPACE]
     meta = {"feature_set": feature_set, "schema": schema.to_dict(),
             "outputs": {"methods": list(methods), "actions": actions, "auto": len(methods) > 1, "valid": valid},
-            "latency": toy_latency().to_dict(), "pair": {"target": "tiny", "draft": "tiny"}}
+            "latency": toy_latency().to_dict(), "pair": {"target": "tiny", "draft": "tiny"},
+            "objective": objective, "architecture": net.architecture}
     return net, meta, schema
 
 

@@ -107,10 +107,10 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert main(["evaluate", "--params", str(path)]) == 0
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
-    names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "selector:auto",
-             "selector:traversal", "selector:gbv"]
+    names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
+             "selector:auto", "selector:traversal", "selector:gbv"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 32}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 36}
     for name, e in m["policies"].items():
         assert e["units"] == 4 and e["prompts"] == 2
         r = e["tokens_per_second"]
@@ -131,10 +131,26 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
     assert m["selector"]["policy"] == "selector:auto"
     assert m["selector_tps_vs_autoregressive"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
+    # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
+    sel = m["policies"]["selector:auto"]
+    assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
+    assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
+    for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain")):
+        r = sel[f"tps_vs_{ref}"]
+        assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
+            r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
+    assert m["selector_vs_threshold_chain"] is None
+    adaptive = m["chosen"]["adaptive_chain"]  # naive chains only (the grid's K = 1, L2 = 0 actions)
+    assert adaptive and all(k.split(":")[0] == "naive" and parse_action(k.split(":")[1]).is_chain for k in adaptive)
     depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()
     assert depth[0].split(",") == ["depth", "chain", "static_traversal", "selector", "chain_from_labels"]
     assert depth[1].split(",")[3] != ""  # the selector's depth-1 acceptance
     assert set(m["gain_by_temperature"]["autoregressive"]) == {"0.6", "1.0"}
+    by_t = m["selector_by"]["temperature"]  # where it speculates / what it chooses, per sampling setting
+    by_s = m["selector_by"]["source"]
+    assert set(by_t) == {"0.6", "1.0"} and sum(e["steps"] for e in by_t.values()) == sum(e["steps"] for e in by_s.values())
+    for e in [*by_t.values(), *m["selector_by"]["source"].values()]:
+        assert 0 <= e["speculate_fraction"] <= 1 and 0 < sum(e["top"].values()) <= 1 + 1e-9
     assert m["findings"]["gbv"]["testable"] and m["findings"]["claim1_traversal_beats_ot_at_root_branching"]["testable"]
     assert m["offline"]["selector"] is None and m["offline"]["test_roots"] > 0
     for f in ("tps_by_policy", "gain_by_temperature", "gain_by_source", "acceptance_by_depth", "chosen_actions"):
@@ -142,6 +158,7 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     report = (root / "out/reports/report.md").read_text()
     figures = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
     assert len(figures) >= 4 and all((root / "out/reports" / f).is_file() for f in figures)
+    assert "| T = 0.6 |" in report and "## Where the selector speculates" in report
     assert "| selector:auto |" in report and "GBV vs Traversal" in report and "static:traversal" in printed
     import mlflow
 

@@ -156,3 +156,26 @@ def test_sidecar_feature_list_is_checked_against_the_code_schema(exported, tmp_p
     with pytest.raises(SelectorArtifactError, match="other order"):
         SelectorRuntime(swapped)
     assert SelectorRuntime(folder).schema.scalars == schema.scalars  # the untouched export still loads
+
+
+def test_known_outputs_stay_fixed_in_the_export_and_scores_are_named_so(exported, tmp_path):
+    folder, net, meta, schema, sidecar = exported
+    rt = SelectorRuntime(folder)
+    inputs = random_inputs(schema, 16, seed=5)
+    e, _ = rt.decide(inputs, _seconds(schema, inputs, meta["outputs"]["methods"]))
+    empty = [o for o, (_, a) in enumerate(rt.table) if a.tree_size == 0]
+    assert empty and np.array_equal(e[:, empty], np.ones((16, len(empty)), dtype=np.float32))
+    tied = sidecar["outputs"]["tied"]
+    assert any(t != o for o, t in enumerate(tied)) and np.array_equal(e, e[:, tied])
+    assert sidecar["outputs"]["names"] == ["expected_block_efficiency", "choice"]
+    # the throughput objective's outputs are decision scores: named so in the graph, the sidecar and the runtime
+    net_t, meta_t, schema_t = random_selector("paper", methods=("traversal",), objective="throughput")
+    x = random_inputs(schema_t, 8, seed=2)
+    side_t = export_selector(net_t, meta_t, tmp_path / "thr", x, _seconds(schema_t, x, ["traversal"]))
+    assert side_t["outputs"]["names"] == ["score", "choice"] and "argmax over valid outputs of score" in side_t["decision"]
+    rt_t = SelectorRuntime(tmp_path / "thr")
+    assert rt_t.output_names == ("score", "choice")
+    assert [o.name for o in rt_t.session.get_outputs()] == ["score", "choice"]
+    assert isinstance(rt_t.select(RootFeatures(40, Sampling(), np.full(8, 1 / 8), np.full(8, 1 / 8),
+                                               np.full(8, 1 / 8), np.zeros(12, np.float32),
+                                               np.zeros(8, np.float32), np.zeros(8, np.float32))), Choice)

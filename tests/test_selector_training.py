@@ -282,3 +282,102 @@ def test_duplicate_steps_are_never_chosen():
     assert d["traversal:1,0,0"] and not d["traversal:2,0,0"] and not d["specinfer:1,0,0"]  # one plain step
     assert d["traversal:1,1,0"] and not d["traversal:2,1,0"] and d["specinfer:1,1,0"]  # chains: K irrelevant
     assert d["traversal:2,0,1"] and d["specinfer:2,1,1"]
+
+
+def test_known_outputs_are_fixed_and_tied_not_learned(tmp_path):
+    """The empty tree's output is exactly 1 at every root (whatever the weights, and with no gradient);
+    an L2 = 0 chain equals its smallest-K twin; both survive save / load."""
+    layout = OutputLayout(("traversal", "specinfer"), tuple(SPACE), True)
+    tied, fixed = layout.constraints()
+    empty = [o for o in range(layout.size) if layout.output(o)[1].tree_size == 0]
+    assert sorted(fixed) == empty and set(fixed.values()) == {1.0} and len(empty) == 2 * 2  # K = 1, 2
+    m, a = layout.output(tied[layout.index("specinfer", Action(2, 2, 0))])
+    assert (m, a) == ("specinfer", Action(1, 2, 0))
+    assert tied[layout.index("traversal", Action(2, 1, 2))] == layout.index("traversal", Action(2, 1, 2))
+    torch.manual_seed(0)
+    net = SelectorNet({"h_p_prev": 6}, 3, layout.size, proj=8, widths=(16,), dropout=0.0, tied=tied, fixed=fixed)
+    with torch.no_grad():
+        net.mlp[-1].bias.add_(5.0)  # a fitted output would move with its bias
+    x = [torch.randn(7, 6), torch.randn(7, 3)]
+    out = net(*x)
+    assert torch.equal(out[:, empty], torch.ones(7, len(empty)))
+    k2 = layout.index("traversal", Action(2, 2, 0))
+    assert torch.equal(out[:, k2], out[:, layout.index("traversal", Action(1, 2, 0))])
+    out[:, empty].sum().backward()
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in net.parameters())
+    meta = {"feature_set": "paper", "schema": {}, "outputs": {**layout.to_dict(), "valid": layout.distinct()}}
+    save_selector(tmp_path / "sel", net.eval(), meta)
+    loaded, _ = load_selector(tmp_path / "sel")
+    assert torch.equal(loaded(*x), net(*x))
+    with pytest.raises(ValueError, match="free output"):
+        SelectorNet({"h_p_prev": 6}, 3, 3, tied=[1, 2, 2])
+
+
+def test_learning_curve_study_trains_on_growing_prompt_subsets(collected, tmp_path, monkeypatch):
+    from pipeline.study import main, train_subset
+
+    data = _real_data(collected)
+    train_prompts = sorted(set(data.prompt_id[data.rows("train")].tolist()))
+    sub = train_subset(data, set(train_prompts[:1]))
+    assert set(sub.prompt_id[sub.rows("train")].tolist()) == {train_prompts[0]}
+    assert len(sub.rows("val")) == len(data.rows("val")) and len(sub.rows("test")) == len(data.rows("test"))
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "study/lc.json"
+    assert main(["learning-curve", "--fractions", "0.5", "1", "--out", str(out), "--set", f"collect.out={collected}",
+                 "--set", f"profile.out={profile}", "--set", "train.epochs=2"]) == 0
+    result = json.loads(out.read_text())
+    pts = result["points"]
+    assert [p["fraction"] for p in pts] == [0.5, 1.0] and pts[0]["train_prompts"] == 2 and pts[1]["train_prompts"] == 4
+    assert pts[0]["train_roots"] < pts[1]["train_roots"] and pts[0]["test_roots"] == pts[1]["test_roots"] > 0
+    assert all(0 < p["selector_vs_oracle"] <= 1 + 1e-9 and p["mae"] >= 0 for p in pts)
+    assert (tmp_path / "study/lc.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        main(["learning-curve", "--fractions", "0"])
+
+
+def test_cascade_declines_at_stage_one_and_prices_both_stages():
+    from types import SimpleNamespace
+
+    from pipeline.study import cascade_choice
+
+    # outputs: 0 = plain step, 1 and 2 speculate; two roots
+    spec = np.array([False, True, True])
+    t1 = SimpleNamespace(cost=np.array([[1.1, 2.1, 3.1]] * 2), cost_static=np.array([[1.0, 2.0, 3.0]] * 2))
+    t2 = SimpleNamespace(cost=np.array([[1.5, 2.5, 3.5]] * 2))
+    pred1 = np.array([[1.0, 1.5, 1.6],   # root 0: 1/1.1 > 1.5/2.1 -> declines
+                      [1.0, 3.0, 1.0]])  # root 1: speculates
+    pred2 = np.array([[9.0, 1.0, 9.0],   # stage 2 is never asked at root 0
+                      [9.0, 1.0, 7.0]])  # root 1: stage 2 picks 2 (7/3.5 > 1/2.5), never the plain step 0
+    valid = np.ones(3, bool)
+    choice, seconds = cascade_choice(pred1, t1, pred2, t2, valid, spec)
+    assert choice.tolist() == [0, 2]
+    assert seconds == pytest.approx([1.1, 3.5 + (2.1 - 2.0)])  # root 1: stage 2's step + stage 1's overhead
+
+
+def test_cascade_study_runs(collected, tmp_path, monkeypatch):
+    from pipeline.study import main
+
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "cascade.json"
+    assert main(["cascade", "--out", str(out), "--set", f"collect.out={collected}", "--set", f"profile.out={profile}",
+                 "--set", "train.epochs=2"]) == 0
+    res = json.loads(out.read_text())["results"]
+    assert set(res) == {"target_only", "paper", "cascade"}
+    assert all(0 < r["selector_vs_oracle"] <= 1 + 1e-9 for r in res.values())
+    assert 0 <= res["cascade"]["speculate_fraction"] <= 1
+
+
+def test_baseline_predictions_take_the_known_values():
+    from models.selector_baselines import with_known_values
+
+    layout = OutputLayout(("traversal",), tuple(SPACE))
+    pred = np.random.default_rng(0).normal(size=(5, layout.size))
+    got = with_known_values(pred, layout)
+    empty = [o for o in range(layout.size) if layout.output(o)[1].tree_size == 0]
+    assert np.all(got[:, empty] == 1.0)
+    k2, k1 = layout.index("traversal", Action(2, 1, 0)), layout.index("traversal", Action(1, 1, 0))
+    assert np.array_equal(got[:, k2], pred[:, k1]) and np.array_equal(got[:, k1], pred[:, k1])
+    free = layout.index("traversal", Action(2, 1, 2))
+    assert np.array_equal(got[:, free], pred[:, free])

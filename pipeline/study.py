@@ -1,0 +1,193 @@
+"""Selector studies on the collected data (not a dvc stage): ``python -m pipeline.study learning-curve --help``.
+
+``learning-curve``: selector quality vs training roots. The TRAIN prompts are shuffled (``--seed``) and the
+first 25 / 50 / 100 % of them (``--fractions``) train a selector each, with the stage's settings
+(``train.*``: feature set, objective, epochs, ...; the last epoch is kept), and every selector is scored on the
+same TEST roots (`models.selector_eval.evaluate`): selector / oracle, / best static, / autoregressive,
+regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
+(``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
+
+``cascade``: the two-stage decision, offline on TEST roots. Stage 1 is a ``target_only`` selector (no draft
+work: declining costs one plain step plus its features); where it speculates, stage 2, a ``paper``
+selector trained on the same labels, picks the tree among the speculating outputs and the step pays the
+draft's root step and both networks. Compared with ``paper`` and ``target_only`` alone (realized TPS from
+labels and the latency profile; ratios to autoregressive and to the per-root oracle). Writes
+metrics/study_cascade.json. (Online, the cascade needs a two-phase decision in the decoder: not built.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from decoding.files import write_json_atomic
+
+KEYS = ("selector_vs_oracle", "selector_vs_best_static", "selector_vs_autoregressive", "regret", "mae", "spearman")
+
+
+def train_subset(data, keep_prompts: set[str]):
+    """``data`` without the TRAIN roots of prompts outside ``keep_prompts`` (VAL and TEST untouched)."""
+    keep = (data.split != "train") | np.isin(data.prompt_id, sorted(keep_prompts))
+    return data.subset(np.flatnonzero(keep))
+
+
+def fit_net(cfg, data, layout, schema):
+    """A selector trained on ``data``'s TRAIN roots with ``train.*`` (the last epoch: no checkpoint)."""
+    from models.selector import SelectorNet
+    from models.selector_data import SelectorDataModule
+    from models.selector_training import fit_selector
+    from pipeline.train import hparams
+
+    tc = cfg.train
+    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                      *layout.constraints())
+    fit_selector(net, SelectorDataModule(data, tc.batch_size, tc.seed), hparams(tc), seed=tc.seed)
+    return net
+
+
+def score(net, data) -> dict:
+    """``net``'s TEST report (KEYS, roots, prompts)."""
+    from models.selector_eval import evaluate
+    from models.selector_training import predict
+
+    fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
+    report = evaluate(predict(net, test), test, fit, fit.valid_outputs())
+    return {"train_roots": len(fit), "train_prompts": int(len(set(fit.prompt_id.tolist()))),
+            "test_roots": len(test), **{k: float(report[k]) for k in KEYS}}
+
+
+def fit_and_score(cfg, data, layout, schema) -> dict:
+    return score(fit_net(cfg, data, layout, schema), data)
+
+
+def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
+    from pipeline.train import training_data
+
+    _, layout, schema, _, data, _ = training_data(cfg)
+    if not len(data.rows("test")):
+        raise SystemExit("study: the collected dataset has no TEST roots to score on; collect with splits including test")
+    prompts = sorted(set(data.prompt_id[data.rows("train")].tolist()))
+    order = [prompts[i] for i in np.random.default_rng(seed).permutation(len(prompts))]
+    points = []
+    for f in fractions:
+        n = max(1, int(round(f * len(order))))
+        point = {"fraction": f, **fit_and_score(cfg, train_subset(data, set(order[:n])), layout, schema)}
+        print(f"study learning-curve: {f:.0%} of TRAIN prompts ({point['train_roots']} roots): "
+              + ", ".join(f"{k} {point[k]:.3f}" for k in KEYS), flush=True)
+        points.append(point)
+    return {"study": "learning-curve", "feature_set": cfg.train.feature_set, "objective": cfg.train.objective,
+            "method": cfg.train.method, "seed": seed, "dataset": cfg.collect.out, "points": points,
+            "note": "each point: a selector trained on the first fraction of the shuffled TRAIN prompts, "
+                    "scored on all TEST roots (offline, labels + latency profile)"}
+
+
+def cascade_choice(pred1, t1, pred2, t2, valid, speculating) -> tuple[np.ndarray, np.ndarray]:
+    """``(choice [N], seconds [N])`` of the cascade on the roots of ``t1`` / ``t2`` (`SelectorData` of the two
+    feature sets, same rows): stage 1 picks argmax Ê1 / T1 over the valid outputs; where that output
+    speculates, stage 2 picks argmax Ê2 / T2 over the valid speculating outputs and the step costs stage 2's
+    step (features with the draft's root step, its inference) plus stage 1's overhead (its features and
+    inference); where it declines, the step is stage 1's plain step."""
+    from decoding import throughput
+
+    rows = np.arange(pred1.shape[0])
+    c1 = throughput.choose(pred1, t1.cost, valid)
+    c2 = throughput.choose(pred2, t2.cost, valid & speculating)
+    spec = speculating[c1]
+    overhead1 = t1.cost[rows, c1] - t1.cost_static[rows, c1]
+    return np.where(spec, c2, c1), np.where(spec, t2.cost[rows, c2] + overhead1, t1.cost[rows, c1])
+
+
+def cascade(cfg) -> dict:
+    """Both stages trained on the same labels; the cascade and each feature set alone on TEST (offline)."""
+    import dataclasses
+
+    from decoding import throughput
+    from models.selector_training import predict
+    from pipeline.train import training_data
+
+    results, nets = {}, {}
+    for fs in ("target_only", "paper"):
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, feature_set=fs))
+        _, layout, schema, _, data, _ = training_data(c)
+        net = fit_net(c, data, layout, schema)
+        results[fs] = score(net, data)
+        nets[fs] = (net, data.subset(data.rows("test")), data.subset(data.rows("train")).valid_outputs())
+    (net1, t1, valid), (net2, t2, _) = nets["target_only"], nets["paper"]
+    speculating = np.array([t1.layout.output(o)[1].tree_size > 0 for o in range(t1.layout.size)])
+    choice, seconds = cascade_choice(predict(net1, t1), t1, predict(net2, t2), t2, valid, speculating)
+    E = np.where(valid, t1.labels.astype(np.float64), np.nan)
+    tps = float(E[np.arange(len(t1)), choice].sum() / seconds.sum())
+    ar = float(len(t1) / t1.cost_ar.sum())
+    oracle = throughput.realized_tps(E, t1.cost_static, throughput.oracle_choice(E, t1.cost_static))
+    results["cascade"] = {"test_roots": len(t1), "selector_vs_autoregressive": tps / ar,
+                          "selector_vs_oracle": tps / oracle, "speculate_fraction": float(speculating[choice].mean())}
+    print("study cascade: " + ", ".join(f"{k} {v['selector_vs_autoregressive']:.3f}x AR, "
+                                        f"{v['selector_vs_oracle']:.3f}x oracle" for k, v in results.items()))
+    return {"study": "cascade", "objective": cfg.train.objective, "method": cfg.train.method, "seed": cfg.train.seed,
+            "dataset": cfg.collect.out, "results": results}
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = result["points"]
+    x = [p["train_roots"] for p in pts]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, keys in zip(axes, (("selector_vs_oracle", "selector_vs_best_static", "selector_vs_autoregressive"),
+                               ("mae",), ("spearman",)), strict=True):
+        for k in keys:
+            ax.plot(x, [p[k] for p in pts], marker="o", label=k)
+        ax.set_xlabel("training roots")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"learning curve ({result['feature_set']}, {result['objective']}), TEST roots")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.config import load_config
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="study", required=True)
+    lc = sub.add_parser("learning-curve", help="selector quality vs training roots (TEST roots, offline)")
+    lc.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0])
+    lc.add_argument("--seed", type=int, default=0, help="shuffle of the TRAIN prompts")
+    lc.add_argument("--out", default="metrics/study_learning_curve.json")
+    cs = sub.add_parser("cascade", help="two-stage decision vs paper / target_only alone (TEST roots, offline)")
+    cs.add_argument("--out", default="metrics/study_cascade.json")
+    for p in (lc, cs):
+        p.add_argument("--params", default="params.yaml", help="params file or preset (configs/quick.yaml, ...)")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a parameter, e.g. --set train.epochs=10 (repeatable)")
+    args = parser.parse_args(argv)
+    if args.study == "learning-curve" and any(not 0 < f <= 1 for f in args.fractions):
+        parser.error(f"--fractions must be in (0, 1], got {args.fractions}")
+    cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
+                      args.overrides)
+    out = Path(args.out)
+    if args.study == "cascade":
+        result = cascade(cfg)
+    else:
+        result = learning_curve(cfg, sorted(args.fractions), args.seed)
+        result["plot"] = str(plot(result, out.with_suffix(".png")))
+    write_json_atomic(out, result)
+    print(json.dumps({"out": str(out), "plot": result.get("plot")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The confidence-threshold dynamic chain (decoding/threshold_chain.py): lossless by exact enumeration (with a
+negative control that a target-peeking stop rule is caught), and its drafting on a real draft cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import VOCAB, untied_pair
+
+from decoding.actions import Action
+from decoding.engine.cache import KVState
+from decoding.engine.drafting import draft_tree
+from decoding.engine.rows import prob_rows
+from decoding.engine.tree_pass import causal_allowed, forward_nodes
+from decoding.exact import TablePair, enumerate_trees, law_distance, target_law, tree_p_rows, with_cache
+from decoding.sampling import Sampling
+from decoding.threshold_chain import ThresholdChain, draft_threshold_chain, stop_length, truncate_chain
+from decoding.verifiers import get_method
+
+
+def _emitted_law(pair: TablePair, max_length: int, n_tokens: int, stop) -> dict:
+    """Exact law of the first ``n_tokens`` tokens when each step drafts a chain of ``max_length``, cuts it to
+    ``stop(tree, p_rows)`` tokens and verifies the cut chain with standard speculative sampling."""
+    naive = with_cache(get_method("naive"))
+    memo: dict = {}
+
+    def step(ctx):
+        if ctx not in memo:
+            law: dict = {}
+            for tree, prob in enumerate_trees(Action(1, max_length, 0), pair, ctx):
+                cut = truncate_chain(tree, stop(tree, tree_p_rows(tree, pair, ctx)))
+                for toks, mass in naive.outcome_distribution(cut, tree_p_rows(cut, pair, ctx)).items():
+                    law[toks] = law.get(toks, 0.0) + prob * mass
+            memo[ctx] = law
+        return memo[ctx]
+
+    def rec(ctx, need):
+        out: dict = {}
+        for toks, mass in step(ctx).items():
+            if len(toks) >= need:
+                out[toks[:need]] = out.get(toks[:need], 0.0) + mass
+            else:
+                for rest, m2 in rec(ctx + toks, need - len(toks)).items():
+                    out[toks + rest] = out.get(toks + rest, 0.0) + mass * m2
+        return out
+
+    return rec((), n_tokens)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_confidence_stop_is_lossless_exactly(seed):
+    pair = TablePair(3, seed)
+    lengths = set()
+
+    def confident(tree, _p_rows):  # the rule: draft-side rows only
+        n = stop_length(tree.q_rows, 3, 0.8)
+        lengths.add(n)
+        return n
+
+    got = _emitted_law(pair, 3, 3, confident)
+    assert law_distance(got, target_law(pair, 3)) < 1e-12
+    assert len(lengths) > 1  # the rule did cut chains at different lengths
+
+
+def test_a_stop_rule_that_peeks_at_the_target_is_caught():
+    """Negative control: stopping before the first token the target dislikes (p < q) is not lossless; the
+    same enumeration detects it, so the test above can fail."""
+    def peeking(tree, p_rows):
+        for i in range(1, tree.num_nodes - 1):
+            x = int(tree.tokens[i + 1])
+            if p_rows[i, x] < tree.q_rows[i, x]:
+                return i
+        return tree.num_nodes - 1
+
+    gaps = [law_distance(_emitted_law(TablePair(3, s), 3, 3, peeking), target_law(TablePair(3, s), 3)) for s in range(3)]
+    assert max(gaps) > 1e-3, gaps
+
+
+def test_stop_length_and_policy():
+    q = np.array([[0.9, 0.1], [0.5, 0.5], [1.0, 0.0]])
+    assert stop_length(q, 3, 0.4) == 3 and stop_length(q, 3, 0.6) == 2 and stop_length(q, 3, 0.95) == 1
+    assert stop_length(q, 1, 0.0) == 1
+    pol = ThresholdChain()
+    assert (pol.max_length, pol.threshold) == (20, 0.4) and pol.select(None) == Action(1, 20, 0)
+    with pytest.raises(ValueError, match="threshold"):
+        ThresholdChain(4, 1.5)
+
+
+def _root_cache(draft, prompt):
+    kv = KVState(draft)
+    logits, _ = forward_nodes(kv, prompt, list(range(len(prompt))), causal_allowed(0, len(prompt)), last=1)
+    return kv, prob_rows(logits[-1], Sampling(), VOCAB)
+
+
+@torch.inference_mode()
+def test_drafting_stops_where_the_rule_says_and_matches_the_fixed_chain():
+    _, draft = untied_pair(seed=0, noise=0.3)
+    prompt = [3, 7, 1, 9, 4]
+    kv, q_root = _root_cache(draft, prompt)
+    full = draft_tree(kv, len(kv) - 1, q_root, Action(1, 6, 0), Sampling(), VOCAB, np.random.default_rng(5))
+    confidences = full.tree.q_rows[:6].max(axis=1)
+    for threshold in (0.0, float(np.median(confidences)), 1.0):
+        kv, q_root = _root_cache(draft, prompt)
+        got = draft_threshold_chain(kv, len(kv) - 1, q_root, 6, threshold, Sampling(), VOCAB,
+                                    np.random.default_rng(5))
+        n = stop_length(full.tree.q_rows, 6, threshold)
+        assert got.tree.action == Action(1, n, 0)
+        np.testing.assert_array_equal(got.tree.tokens, full.tree.tokens[: n + 1])
+        np.testing.assert_allclose(got.tree.q_rows[:n], full.tree.q_rows[:n], atol=1e-6)
+        assert got.forwards == n - 1 and len(kv) == len(prompt) + n - 1  # no draft work past the stop
