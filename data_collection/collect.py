@@ -31,7 +31,7 @@ import torch
 from decoding.actions import ActionSpace
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_layout
-from decoding.engine.rows import prob_rows
+from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import causal_allowed, forward_nodes, target_tree_pass
 from decoding.features import probability_scalars
 from decoding.labels import union_labels
@@ -130,7 +130,7 @@ class RootCollector:
 
     @torch.inference_mode()
     def features(self, seq: list[int], positions: list[int], sampling: Sampling) -> dict[str, np.ndarray]:
-        """The raw features of the roots at ``positions`` (what `decoding.selector.RootFeatures` holds):
+        """The raw features of the roots at ``positions`` (what `decoding.policy.RootFeatures` holds):
         ``p_prev``, ``q_prev``, ``q_root`` ``[R, V]`` and ``h_p_prev``, ``h_q_prev``, ``h_q_root`` ``[R, H]``."""
         pre = self._prefill(seq, positions, sampling)
         return {k: v for k, v in pre.items() if k not in ("kv_t", "kv_d", "seconds")}

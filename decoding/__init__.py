@@ -8,7 +8,7 @@ Stable reference interface (external checks call it):
     be = expected_block_efficiency(tree, target, method)  # exact over verification randomness
 
 The names are resolved lazily (PEP 562): importing a numpy-only module such as `decoding.features`,
-`decoding.selector` or `decoding.latency` loads neither the verifiers (numba, scipy) nor torch, so
+`decoding.policy` or `decoding.latency` loads neither the verifiers (numba, scipy) nor torch, so
 an ONNX runtime can use them with numpy alone.
 """
 

@@ -32,7 +32,7 @@ from decoding.actions import Action
 from decoding.errors import UserInputError
 from decoding.features import FeatureSchema, batch_inputs
 
-from .selector import OutputLayout
+from .selector_network import OutputLayout
 
 AR = Action(1, 0, 0)  # autoregressive: no tree, one target step
 

@@ -7,13 +7,13 @@ findings), the latency profile (``profile.out``), the exported selector (``expor
 plot data under ``evaluate.plots`` (`dvc plots show`), ``evaluate.report`` (reports/report.md + figures/), one
 MLflow run tagged ``stage=evaluate``. Steps:
 
-1. best static actions on TRAIN labels (`data_collection.online_eval.best_statics`) and their offline TPS on TEST;
+1. best static actions on TRAIN labels (`evaluation.online.best_statics`) and their offline TPS on TEST;
 2. policies: autoregressive, chain, each method's best static, the selector (``auto`` and restricted to each
    of ``evaluate.selector_methods``; `export.runtime.SelectorRuntime`, priced with ``profile.out``);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
 4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive and to Traversal's
-   best static (`data_collection.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
-5. findings from the labels (`data_collection.findings`); the report (`pipeline.report`).
+   best static (`evaluation.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
+5. findings from the labels (`evaluation.claims`); the report (`evaluation.report`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def pick_units(cfg):
 
 
 def build_policies(cfg, statics, space, with_selector: bool):
-    from data_collection.online_eval import AR_ACTION, AUTOREGRESSIVE, EvalPolicy
+    from evaluation.online import AR_ACTION, AUTOREGRESSIVE, EvalPolicy
 
     policies = [EvalPolicy(AUTOREGRESSIVE, "autoregressive", AUTOREGRESSIVE, AR_ACTION)]
     for name, (method, a) in statics.items():
@@ -102,14 +102,14 @@ def run(cfg, args) -> int:
     import pandas as pd
     import torch
 
-    from data_collection import online_eval as oe
-    from data_collection.findings import findings
-    from data_collection.findings import headline as findings_headline
-    from data_collection.paired_stats import gain_by, policy_table
     from decoding.engine import SpeculativeDecoder
     from decoding.latency import LatencyModel
+    from evaluation import online as oe
+    from evaluation.claims import findings
+    from evaluation.claims import headline as findings_headline
+    from evaluation.paired_stats import gain_by, policy_table
+    from evaluation.report import clean, write_outputs
     from models.loading import eos_ids, load_pair
-    from pipeline.report import clean, write_outputs
 
     ec = cfg.evaluate
     start = time.perf_counter()
@@ -210,7 +210,7 @@ def _train_summary(train_metrics: dict | None) -> dict | None:
 def _log_mlflow(cfg, metrics: dict, paths: dict) -> None:
     import mlflow
 
-    from pipeline.report import clean
+    from evaluation.report import clean
     from pipeline.tracking import start_run
 
     flat = {}

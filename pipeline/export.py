@@ -69,7 +69,7 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict) -> str | None:
 
 def run(cfg, args) -> int:
     from export.onnx_export import export_selector
-    from models.selector import load_selector
+    from models.selector_network import load_selector
 
     src = args.selector or cfg.train.out
     net, meta = load_selector(src)

@@ -1,7 +1,7 @@
 """``branchpoint train``: stage train, the selector of ALGORITHMS.md section 6 on the collected dataset.
 
 Reads: the collected dataset (``collect.out``: features + labels, splits by prompt), the latency profile
-(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector.save_selector`:
+(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector_network.save_selector`:
 weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and ``train.metrics``
 (metrics/train.json). Steps:
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def layout_for(tc, manifest: dict):
     from decoding.actions import parse_action
-    from models.selector import OutputLayout
+    from models.selector_network import OutputLayout
     from pipeline.config import ConfigError
 
     collected = list(manifest["methods"])
@@ -102,8 +102,8 @@ def training_data(cfg):
     from data_collection.dataset import label_matrix, load_collected, read_manifest
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
-    from models.selector import SelectorNet
     from models.selector_data import build_selector_data
+    from models.selector_network import SelectorNet
 
     tc = cfg.train
     manifest = read_manifest(cfg.collect.out)
@@ -128,10 +128,10 @@ def run(cfg, args) -> int:
     from pytorch_lightning.loggers import MLFlowLogger
 
     from decoding.files import sha256_file, write_json_atomic
-    from models.selector import SelectorNet, save_selector
     from models.selector_baselines import baseline_reports
     from models.selector_data import SelectorDataModule
     from models.selector_eval import evaluate, flat_metrics, serializable
+    from models.selector_network import SelectorNet, save_selector
     from models.selector_plots import selector_plots
     from models.selector_training import SelectorHParams, fit_selector, predict
     from pipeline.tracking import git_revision, tracking_uri

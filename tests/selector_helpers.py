@@ -14,7 +14,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import ActionSpace
 from decoding.features import FeatureSchema
 from decoding.latency import LatencyModel
-from models.selector import SelectorNet
+from models.selector_network import SelectorNet
 
 SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))
 METHODS = ["traversal", "specinfer"]  # of build_collected
@@ -32,7 +32,7 @@ def toy_latency() -> LatencyModel:
 
 
 def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8)):
-    """A randomly initialised SelectorNet and the meta `models.selector.save_selector` expects."""
+    """A randomly initialised SelectorNet and the meta `models.selector_network.save_selector` expects."""
     torch.manual_seed(seed)
     schema = FeatureSchema.for_pair(feature_set, *hidden)
     shapes = schema.input_shapes()

@@ -1,5 +1,5 @@
 """`dvc plots show` renders the evaluate stage's plots: dvc.yaml's ``plots:`` over plot data written by
-`pipeline.report.plot_data`, turned into HTML by dvc, rendered in headless Chromium (offline: the page's CDN
+`evaluation.report.plot_data`, turned into HTML by dvc, rendered in headless Chromium (offline: the page's CDN
 scripts are pointed at local copies that `make setup` fetches from the npm registry into .cache/vega), and every plot checked to draw its marks.
 
 Skipped only when no Chromium binary is found (``apt-get install chromium``)."""
@@ -69,8 +69,8 @@ def _offline_html(html: str) -> str:
 def test_dvc_plots_show_renders_in_headless_chromium(tmp_path):
     import yaml
 
+    from evaluation.report import plot_data
     from pipeline.config import Config
-    from pipeline.report import plot_data
 
     repo = tmp_path / "repo"
     repo.mkdir()

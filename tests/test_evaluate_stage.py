@@ -59,11 +59,11 @@ def _collect(pair, trajs, out):
 @pytest.fixture(scope="module")
 def params(tmp_path_factory):
     import torch
+    from tiny_models import save_tiny_model
 
     from data_collection.trajectories import save_trajectories
     from export.onnx_export import export_selector
     from models.loading import load_pair
-    from models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("eval")
     t = save_tiny_model(root / "target", 2, seed=0)

@@ -24,7 +24,7 @@ from ..actions import Action
 from ..sampling import Sampling, draw
 from ..tree import DraftTree, build_tree, tree_layout
 from .cache import KVState
-from .rows import prob_rows
+from .torch_sampling import prob_rows
 from .tree_pass import forward_nodes
 
 

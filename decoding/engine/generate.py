@@ -3,7 +3,7 @@
 `SpeculativeDecoder.generate` is a loop over `SpeculativeDecoder.step`; collection and evaluation call
 the same step. One *step* starts at a *root* (the last emitted token, not yet processed by the target):
 1. choose: the policy picks the action. A static `Action` costs nothing; a selector gets `RootFeatures`
-   (after the draft's root step when it ``needs_draft``, see `decoding.selector`);
+   (after the draft's root step when it ``needs_draft``, see `decoding.policy`);
 2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts
    the action's tree (`drafting.draft_tree`); an empty tree skips the draft entirely;
 3. target pass: one pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
@@ -27,8 +27,7 @@ import torch
 
 from ..actions import Action
 from ..errors import UserInputError
-from ..sampling import Sampling, draw
-from ..selector import (
+from ..policy import (
     Choice,
     RootFeatures,
     Selector,
@@ -37,13 +36,14 @@ from ..selector import (
     needs_hidden_states,
     static_action,
 )
+from ..sampling import Sampling, draw
 from ..tree import build_tree
 from ..verifiers import get_method
 from ..verifiers.base import VerificationMethod
 from .cache import KVState
 from .drafting import draft_tree
-from .rows import prob_rows
 from .stats import DecodeStats, Timer
+from .torch_sampling import prob_rows
 from .tree_pass import causal_allowed, forward_nodes, target_tree_pass
 
 AUTOREGRESSIVE = "autoregressive"

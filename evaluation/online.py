@@ -28,7 +28,7 @@ from decoding.actions import Action, ActionSpace
 from decoding.latency import LatencyModel
 from decoding.sampling import Sampling
 
-from .findings import chain_source
+from .claims import chain_source
 
 AUTOREGRESSIVE = "autoregressive"
 CHAIN = "chain"
@@ -41,7 +41,7 @@ class EvalPolicy:
     name: str  # metrics key: autoregressive | chain | static:<method> | selector:auto | selector:<method>
     kind: str  # autoregressive | chain | static | selector
     method: str  # the decoder's method argument (a selector's Choice overrides it per step)
-    policy: object  # an Action or a selector (decoding.selector protocol)
+    policy: object  # an Action or a selector (decoding.policy protocol)
     action: str | None = None  # the static action, "K,L1,L2"
 
 
