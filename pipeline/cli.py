@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub unless the user asks
+    # numba's cache=True files go under .cache/ (git- and dvc-ignored), not into decoding/**/__pycache__
+    # (a dvc dep): set before anything imports numba
+    os.environ.setdefault("NUMBA_CACHE_DIR", os.path.abspath(os.path.join(".cache", "numba")))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args._module is None:
