@@ -21,7 +21,6 @@ other roots were collected before it: an interrupted run resumes with identical 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +33,7 @@ from decoding.engine.drafting import draft_layout
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import causal_allowed, forward_nodes, target_tree_pass
 from decoding.features import probability_scalars
+from decoding.files import stable_hash64
 from decoding.labels import union_labels
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree, children_lists
@@ -67,8 +67,7 @@ def root_positions(prompt_len: int, seq: list[int], stride: int, eos: set[int]) 
 
 def root_seed(seed: int, key: str, position: int) -> np.random.Generator:
     """The generator of one root: a function of (seed, trajectory key, position) only."""
-    digest = hashlib.sha256(f"{seed}|{key}|{position}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return np.random.default_rng(stable_hash64(f"{seed}|{key}|{position}"))
 
 
 def forest_layout(space: ActionSpace, copies: int) -> tuple[np.ndarray, np.ndarray, int]:

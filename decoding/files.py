@@ -5,6 +5,8 @@
   reader never sees half a file and an interrupted write leaves the old file (or none) behind.
 - ``read_json``: a JSON file, or the caller's error naming the file and what to do when it is missing
   or not JSON.
+- ``stable_hash64``: the first 8 bytes of a text's sha256 as an integer, equal across processes and runs
+  (root seeds, the prompt split, the collect partition).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def stable_hash64(text: str, byteorder: str = "little") -> int:
+    """``int.from_bytes(sha256(text)[:8], byteorder)``: a seeded hash that every process agrees on."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], byteorder)
 
 
 def read_json(path: str | Path, error: type[Exception], missing: str):

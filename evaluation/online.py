@@ -24,16 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from decoding import throughput
-from decoding.actions import Action, ActionSpace
+from decoding.actions import AR_ACTION, AUTOREGRESSIVE, ActionSpace
 from decoding.latency import LatencyModel
 from decoding.sampling import Sampling
 
 from .claims import chain_source
 
-AUTOREGRESSIVE = "autoregressive"
 CHAIN = "chain"
 CHAIN_METHOD = "naive"
-AR_ACTION = Action(1, 0, 0)
 
 
 @dataclass
@@ -47,10 +45,7 @@ class EvalPolicy:
 
 def step_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray) -> np.ndarray:
     """``[N, A]`` T(c, a) of a static policy (no feature cost) at each root's context length."""
-    ctx = np.asarray(context_length, dtype=np.int64)
-    uniq, inv = np.unique(ctx, return_inverse=True)
-    rows = np.stack([latency.step_seconds(int(c), space) for c in uniq]) if uniq.size else np.zeros((0, len(space)))
-    return rows[inv]
+    return latency.step_seconds_matrix(context_length, space)
 
 
 def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpace, methods: Sequence[str],

@@ -39,6 +39,7 @@ def load_labels(cfg):
     import numpy as np
 
     from data_collection.dataset import load_collected, read_manifest
+    from data_collection.dataset_schema import label_column
 
     manifest = read_manifest(cfg.collect.out)
     actions = [str(a) for a in cfg.actions.space()]
@@ -48,10 +49,10 @@ def load_labels(cfg):
                              f"{manifest.get('grid')}")
     methods = list(manifest["methods"])
     ds = load_collected(cfg.collect.out)
-    keep = [c for c in (*LABEL_COLUMNS, *(f"E_{m}" for m in methods)) if c in ds.column_names]
+    keep = [c for c in (*LABEL_COLUMNS, *(label_column(m) for m in methods)) if c in ds.column_names]
     data = ds.select_columns(keep).with_format("numpy")[:]
     cols = {c: np.asarray(data[c]) for c in LABEL_COLUMNS if c in data}
-    labels = {m: np.asarray(data[f"E_{m}"], dtype=np.float64) for m in methods}
+    labels = {m: np.asarray(data[label_column(m)], dtype=np.float64) for m in methods}
     return cols, labels, cfg.actions.space()
 
 

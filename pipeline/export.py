@@ -38,8 +38,8 @@ def parity_rows(cfg, meta: dict, rows: int):
     inputs = batch_inputs(schema, cols, latency)
     actions = [parse_action(a) for a in meta["outputs"]["actions"]]
     methods = meta["outputs"]["methods"]
-    seconds = np.stack([np.tile(latency.step_seconds(int(c), actions, features=schema.feature_set), len(methods))
-                        for c in cols["context_length"]]).astype(np.float32)
+    per = latency.step_seconds_matrix(cols["context_length"], actions, schema.feature_set)  # [N, A]
+    seconds = np.tile(per, (1, len(methods))).astype(np.float32)
     return inputs, seconds
 
 

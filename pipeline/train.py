@@ -100,6 +100,7 @@ def training_data(cfg):
     import numpy as np
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset_schema import label_se_column
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
     from models.selector_data import build_selector_data
@@ -115,7 +116,7 @@ def training_data(cfg):
     cols = ds.with_format("numpy")[:]
     collected = list(manifest["methods"])
     labels = {m: label_matrix(ds, m) for m in collected}
-    label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
+    label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
     probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout)
     infer = inference_seconds(probe) if tc.charge_inference else 0.0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..actions import Action
+from ..actions import AR_ACTION, AUTOREGRESSIVE, Action
 from ..errors import UserInputError
 from ..policy import (
     Choice,
@@ -46,8 +46,6 @@ from .stats import DecodeStats, Timer
 from .torch_sampling import prob_rows
 from .tree_pass import causal_allowed, forward_nodes, target_tree_pass
 
-AUTOREGRESSIVE = "autoregressive"
-AR_ACTION = Action(1, 0, 0)
 DEFAULT_ACTION = Action(2, 2, 3)
 DEFAULT_SAMPLING = Sampling()
 
