@@ -1,7 +1,7 @@
 """File helpers every stage shares (standard library only, so the torch-free runtime may use them).
 
 - ``sha256_file``: the hex sha256 of a file, read in 1 MiB blocks (shards, manifests, ONNX files).
-- ``write_json_atomic``: JSON written to a temp file next to the target, then renamed into place, so a
+- ``write_text_atomic`` / ``write_json_atomic``: text / JSON written to a temp file next to the target, then renamed into place, so a
   reader never sees half a file and an interrupted write leaves the old file (or none) behind.
 - ``read_json``: a JSON file, or the caller's error naming the file and what to do when it is missing
   or not JSON.
@@ -43,15 +43,20 @@ def read_json(path: str | Path, error: type[Exception], missing: str):
         raise error(f"{path}: not valid JSON ({e})") from None
 
 
-def write_json_atomic(path: str | Path, obj, sort_keys: bool = True) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` (parents created) via a temp file and a rename;
-    ``sort_keys=False`` keeps the dicts' own key order. Values JSON cannot encode are written as str."""
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (parents created) via a temp file next to it and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_json_atomic(path: str | Path, obj, sort_keys: bool = True) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` (parents created) via a temp file and a rename;
+    ``sort_keys=False`` keeps the dicts' own key order. Values JSON cannot encode are written as str."""
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n")

@@ -15,13 +15,13 @@ import ast
 import dataclasses
 import inspect
 import io
-import os
 import sys
 import tokenize
 from pathlib import Path
 
 import yaml
 
+from decoding.files import write_text_atomic
 from pipeline.config import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     text = render_params()
     if args.write:
-        tmp = args.path.with_name(args.path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, args.path)
+        write_text_atomic(args.path, text)
         return 0
     if not args.path.is_file() or args.path.read_text() != text:
         print(f"{args.path} differs from the defaults of pipeline/config.py: run "

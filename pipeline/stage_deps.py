@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 import re
 import sys
 from pathlib import Path
@@ -214,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{area:22s} {n}")
         return 0
     if args.write:
-        tmp = args.dvc_yaml.with_name(args.dvc_yaml.name + ".tmp")
-        tmp.write_text(rewrite(text, expected_deps(dvc)))
-        os.replace(tmp, args.dvc_yaml)
+        from decoding.files import write_text_atomic
+
+        write_text_atomic(args.dvc_yaml, rewrite(text, expected_deps(dvc)))
         return 0
     diff = differences(dvc)
     for line in diff:

@@ -8,9 +8,10 @@
   prune), and its statistics (`stats`). Policies and the selector protocol: `decoding.policy`.
 """
 
-import importlib
 import sys
 import types
+
+from ..lazy_names import lazy_getattr
 
 # Resolved lazily (PEP 562): importing one engine module (e.g. `torch_sampling`) does not load the decode
 # loop and the verifiers, so a stage that only samples depends on the files it runs (pipeline/stage_deps.py).
@@ -30,12 +31,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 class _Package(types.ModuleType):
