@@ -31,7 +31,7 @@ from decoding.actions import ActionSpace
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_layout
 from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import causal_allowed, forward_nodes, target_tree_pass
+from decoding.engine.tree_pass import causal_allowed, forward_nodes, hidden_numpy, target_tree_pass
 from decoding.features import probability_scalars
 from decoding.files import stable_hash64
 from decoding.labels import union_labels
@@ -122,9 +122,9 @@ class RootCollector:
             "p_prev": prob_rows(p_logits[prev], sampling, self.vocab_size),  # [R, V]
             "q_prev": prob_rows(q_logits[prev], sampling, self.vocab_size),  # [R, V]
             "q_root": prob_rows(q_logits[prev + 1], sampling, self.vocab_size),  # [R, V]
-            "h_p_prev": h_p[prev].float().cpu().numpy(),  # [R, H_p]
-            "h_q_prev": h_q[prev].float().cpu().numpy(),  # [R, H_q]
-            "h_q_root": h_q[prev + 1].float().cpu().numpy(),  # [R, H_q]
+            "h_p_prev": hidden_numpy(h_p[prev]),  # [R, H_p]
+            "h_q_prev": hidden_numpy(h_q[prev]),  # [R, H_q]
+            "h_q_root": hidden_numpy(h_q[prev + 1]),  # [R, H_q]
         }
 
     @torch.inference_mode()
