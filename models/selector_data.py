@@ -95,13 +95,11 @@ class SelectorData:
         keys = self.sampling()
         E = np.where(self.valid_outputs(fit), self.labels, np.nan)
         best_all = throughput.best_static(E[fit], self.cost_static[fit])
-        out = np.empty(len(self))
-        for key in np.unique(keys):
-            rows = np.flatnonzero(keys == key)
-            f = np.intersect1d(rows, fit)
-            a = throughput.best_static(E[f], self.cost_static[f]) if f.size else best_all
-            out[rows] = self.labels[rows, a] / self.cost_static[rows, a]
-        return out
+        f = np.unique(fit)  # sorted, as the per-key rows were summed before
+        a_by_key = throughput.best_static_by_group(E[f], self.cost_static[f], keys[f], keys, best_all)
+        a = np.array([a_by_key[k] for k in keys], dtype=np.int64)
+        rows = np.arange(len(self))
+        return (self.labels[rows, a] / self.cost_static[rows, a]).astype(np.float64)
 
 
 def step_costs(latency, context_length: np.ndarray, layout: OutputLayout, features: str | None,

@@ -58,3 +58,14 @@ def test_autoregressive_would_win_these_labels():
 
     labels, T = _labels()
     assert SPACE[throughput.best_static(labels["specinfer"], T)].tree_size == 0
+
+
+def test_best_static_by_group_chooses_on_each_groups_fit_roots():
+    # action 0 wins at T=1, action 1 at T=0.6; T=0 has no fit roots and gets the fallback
+    E = np.array([[3.0, 1.0], [3.0, 1.0], [1.0, 3.0]])
+    T = np.ones_like(E)
+    keys = np.array(["T=1", "T=1", "T=0.6"])
+    from decoding import throughput
+
+    got = throughput.best_static_by_group(E, T, keys, np.array(["T=1", "T=0.6", "T=0"]), fallback=7)
+    assert got == {"T=1": 0, "T=0.6": 1, "T=0": 7}
