@@ -43,7 +43,7 @@ def _random_export(feature_set: str, folder: Path, latency) -> Path:
     from decoding.actions import ActionSpace
     from decoding.features import FeatureSchema
     from export.onnx_export import export_selector
-    from models.selector import SelectorNet
+    from models.selector_network import SelectorNet
 
     torch.manual_seed(0)
     schema = FeatureSchema.for_pair(feature_set, H, H)
@@ -70,8 +70,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from decoding.latency import LatencyModel
+    from decoding.policy import RootFeatures
     from decoding.sampling import Sampling
-    from decoding.selector import RootFeatures
     from export.runtime import SelectorRuntime
 
     latency_path = Path(args.latency)

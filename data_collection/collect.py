@@ -21,7 +21,6 @@ other roots were collected before it: an interrupted run resumes with identical 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -31,9 +30,10 @@ import torch
 from decoding.actions import ActionSpace
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_layout
-from decoding.engine.rows import prob_rows
-from decoding.engine.tree_pass import causal_allowed, forward_nodes, target_tree_pass
+from decoding.engine.torch_sampling import prob_rows
+from decoding.engine.tree_pass import causal_allowed, forward_nodes, hidden_numpy, target_tree_pass
 from decoding.features import probability_scalars
+from decoding.files import stable_hash64
 from decoding.labels import union_labels
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree, children_lists
@@ -67,8 +67,7 @@ def root_positions(prompt_len: int, seq: list[int], stride: int, eos: set[int]) 
 
 def root_seed(seed: int, key: str, position: int) -> np.random.Generator:
     """The generator of one root: a function of (seed, trajectory key, position) only."""
-    digest = hashlib.sha256(f"{seed}|{key}|{position}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return np.random.default_rng(stable_hash64(f"{seed}|{key}|{position}"))
 
 
 def forest_layout(space: ActionSpace, copies: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -123,14 +122,14 @@ class RootCollector:
             "p_prev": prob_rows(p_logits[prev], sampling, self.vocab_size),  # [R, V]
             "q_prev": prob_rows(q_logits[prev], sampling, self.vocab_size),  # [R, V]
             "q_root": prob_rows(q_logits[prev + 1], sampling, self.vocab_size),  # [R, V]
-            "h_p_prev": h_p[prev].float().cpu().numpy(),  # [R, H_p]
-            "h_q_prev": h_q[prev].float().cpu().numpy(),  # [R, H_q]
-            "h_q_root": h_q[prev + 1].float().cpu().numpy(),  # [R, H_q]
+            "h_p_prev": hidden_numpy(h_p[prev]),  # [R, H_p]
+            "h_q_prev": hidden_numpy(h_q[prev]),  # [R, H_q]
+            "h_q_root": hidden_numpy(h_q[prev + 1]),  # [R, H_q]
         }
 
     @torch.inference_mode()
     def features(self, seq: list[int], positions: list[int], sampling: Sampling) -> dict[str, np.ndarray]:
-        """The raw features of the roots at ``positions`` (what `decoding.selector.RootFeatures` holds):
+        """The raw features of the roots at ``positions`` (what `decoding.policy.RootFeatures` holds):
         ``p_prev``, ``q_prev``, ``q_root`` ``[R, V]`` and ``h_p_prev``, ``h_q_prev``, ``h_q_root`` ``[R, H]``."""
         pre = self._prefill(seq, positions, sampling)
         return {k: v for k, v in pre.items() if k not in ("kv_t", "kv_d", "seconds")}

@@ -33,6 +33,8 @@ import numpy as np
 from decoding.errors import UserInputError
 from decoding.files import read_json, sha256_file, write_json_atomic
 
+from .dataset_schema import is_label_column, label_column
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
@@ -186,8 +188,8 @@ def load_collected(out: str | Path, splits: Iterable[str] | None = None, verify:
 
 def label_matrix(ds, method: str) -> np.ndarray:
     """``[N, A]`` float64 Ê of ``method`` from a loaded dataset."""
-    col = f"E_{method}"
+    col = label_column(method)
     if col not in ds.column_names:
         raise DatasetError(f"the dataset has no labels for method {method!r} (columns: "
-                           f"{[c for c in ds.column_names if c.startswith('E_') and not c.startswith('E_se_')]})")
+                           f"{[c for c in ds.column_names if is_label_column(c)]})")
     return np.asarray(ds.with_format("numpy")[col], dtype=np.float64)

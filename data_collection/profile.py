@@ -35,7 +35,7 @@ import torch
 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
-from decoding.engine.rows import to_numpy_rows, transform_logits
+from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
 from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.latency import LatencyModel
 from decoding.sampling import Sampling

@@ -26,7 +26,6 @@ prompt keeps its split when other prompts are added:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources
 import importlib.util
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from typing import Any
 import datasets
 
 from decoding.errors import UserInputError
+from decoding.files import stable_hash64
 
 COLUMNS = ("prompt_id", "source", "text")
 BUILTIN_SETS = ("writing", "math", "translation")
@@ -302,8 +302,7 @@ def _check_unique(ids: list[str], sources: list[str]) -> None:
 
 def unit_hash(seed: int, *key: object) -> float:
     """A stable pseudo-random number in [0, 1) from (seed, *key), equal across processes and runs."""
-    digest = hashlib.sha256("\x00".join(map(str, (seed, *key))).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+    return stable_hash64("\x00".join(map(str, (seed, *key))), "big") / 2**64
 
 
 def _interval_of(x: float, bounds: list[float]) -> int:

@@ -8,13 +8,13 @@ Stable reference interface (external checks call it):
     be = expected_block_efficiency(tree, target, method)  # exact over verification randomness
 
 The names are resolved lazily (PEP 562): importing a numpy-only module such as `decoding.features`,
-`decoding.selector` or `decoding.latency` loads neither the verifiers (numba, scipy) nor torch, so
+`decoding.policy` or `decoding.latency` loads neither the verifiers (numba, scipy) nor torch, so
 an ONNX runtime can use them with numpy alone.
 """
 
 from __future__ import annotations
 
-import importlib
+from .lazy_names import lazy_getattr
 
 _EXPORTS = {
     "Action": ".actions",
@@ -33,12 +33,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -56,6 +56,11 @@ class Action:
         return f"{self.K},{self.L1},{self.L2}"
 
 
+# Autoregressive decoding as a policy: no tree, one target step (E = 1); the one spelling of its name and action.
+AUTOREGRESSIVE = "autoregressive"
+AR_ACTION = Action(1, 0, 0)
+
+
 def parse_action(text: str) -> Action:
     """Parse ``"K,L1,L2"`` (e.g. ``"4,2,3"``; spaces allowed) into an Action."""
     parts = [s.strip() for s in str(text).split(",")]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import UserInputError
-from .selector import RootFeatures
+from .policy import RootFeatures
 
 if TYPE_CHECKING:  # pragma: no cover
     from .latency import LatencyModel

@@ -7,7 +7,7 @@
 - ``union_labels``: block efficiency of EVERY action of an ActionSpace from one union tree
   (union_tree.py), through each method's declared label hooks (``union_block_efficiency``, exact, or
   ``estimate_union_block_efficiency``, repeated verification; verifiers/base.py). OT methods use the
-  factorized DP of section 4 (verifiers/delayed_labels.py), Traversal its fixed test sequence per
+  factorized DP of section 4 (verifiers/union_context.py), Traversal its fixed test sequence per
   sub-tree, GBV its greedy-path schedule (verifiers/gbv.py). ``reference_union_labels`` computes the
   same numbers action by action on extracted sub-trees (tests compare them).
 - ``action_labels``: Ê(c, a) = mean over s sampled union trees (paper: s = 4).
@@ -25,7 +25,7 @@ from .tree import DistFn, DraftTree, target_rows
 from .union_tree import UnionTree, sample_union_tree
 from .verifiers import get_method
 from .verifiers.base import VerificationMethod
-from .verifiers.delayed_labels import UnionContext, repeated_verification
+from .verifiers.union_context import UnionContext, repeated_verification
 
 
 def expected_block_efficiency(tree: DraftTree, target: DistFn | np.ndarray,

@@ -235,6 +235,15 @@ class LatencyModel:
             seconds += self.feature_seconds
         return seconds
 
+    def step_seconds_matrix(self, context_lengths, actions: ActionSpace | Sequence[Action],
+                            features: str | None = None) -> np.ndarray:
+        """``[N, A]`` T(c, a) at each root's context length (`step_seconds`, once per distinct length)."""
+        ctx = np.asarray(context_lengths, dtype=np.int64).reshape(-1)
+        uniq, inverse = np.unique(ctx, return_inverse=True)
+        if not uniq.size:
+            return np.zeros((0, len(actions)))
+        return np.stack([self.step_seconds(int(c), actions, features) for c in uniq])[inverse.reshape(-1)]
+
     # --- persistence --------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {

@@ -10,7 +10,8 @@ draws).
   that crosses the threshold is kept; ties broken by token id) and renormalizes.
 
 This module is numpy only (it is imported by torch-free code: the feature schema, the ONNX runtime).
-The torch version of the transform, run on the model's device, is `decoding.engine.rows.transform_logits`;
+The torch version of the transform, run on the model's device, is `decoding.engine.torch_sampling.transform_logits`
+(import it from there: this module never imports torch or the engine);
 `transform_logits_np` is its float64 numpy twin and they agree to float rounding.
 """
 
@@ -42,7 +43,7 @@ class Sampling:
 
 
 def transform_logits_np(logits: np.ndarray, sampling: Sampling, vocab_size: int | None = None) -> np.ndarray:
-    """Numpy (float64) twin of `decoding.engine.rows.transform_logits`."""
+    """Numpy (float64) twin of `decoding.engine.torch_sampling.transform_logits`."""
     x = np.asarray(logits, dtype=np.float64)
     if vocab_size is not None:
         x = x[..., :vocab_size]
@@ -80,12 +81,3 @@ def draw(rows: np.ndarray, rng: np.random.Generator, count: int = 1) -> np.ndarr
             idx[over] = int(np.flatnonzero(rows[r] > 0)[-1])
         out[r] = idx
     return out
-
-
-def __getattr__(name: str):
-    """The torch functions moved to `decoding.engine.rows`; importing them from here still works."""
-    if name in ("transform_logits", "to_numpy_rows"):
-        from .engine import rows
-
-        return getattr(rows, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -50,6 +50,14 @@ def best_static(E: np.ndarray, T: np.ndarray) -> int:
     return int(np.argmax(static_tps(E, T)))
 
 
+def best_static_by_group(E_fit: np.ndarray, T_fit: np.ndarray, fit_keys: np.ndarray, keys: np.ndarray,
+                         fallback: int) -> dict:
+    """Group key (e.g. the sampling setting) -> the best static action chosen on the fit roots of that key,
+    for every key of ``keys``; ``fallback`` for a key without fit roots."""
+    return {k: best_static(E_fit[fit_keys == k], T_fit[fit_keys == k]) if (fit_keys == k).any() else fallback
+            for k in np.unique(keys)}
+
+
 def oracle_choice(E: np.ndarray, T: np.ndarray) -> np.ndarray:
     """``[N]`` per-root ``argmax_a E[c, a] / T[c, a]``."""
     return np.argmax(_masked(E) / T, axis=1)

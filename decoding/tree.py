@@ -118,7 +118,7 @@ def build_tree(action: Action, tokens: np.ndarray, q_rows: np.ndarray) -> DraftT
     return DraftTree(action, tokens, parents, depths, children_lists(parents), np.asarray(q_rows))
 
 
-def draft_layout(parents: np.ndarray, draft: DistFn, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def sample_layout(parents: np.ndarray, draft: DistFn, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Sample every node of a tree layout from q, parents first: ``(tokens [n], q_rows [n, V])``.
 
     Node i (i >= 1) is drawn from q(.|root + path(parent)); children of one node are i.i.d. ``draft``
@@ -154,7 +154,7 @@ def draft_layout(parents: np.ndarray, draft: DistFn, rng: np.random.Generator) -
 def sample_tree(action: Action, draft: DistFn, rng: np.random.Generator) -> DraftTree:
     """Draft the tree of ``action``: trunk token by token, then K independent rollouts, all from q."""
     parents, depths = tree_layout(action)
-    tokens, q_rows = draft_layout(parents, draft, rng)
+    tokens, q_rows = sample_layout(parents, draft, rng)
     return DraftTree(action, tokens, parents, depths, children_lists(parents), q_rows)
 
 

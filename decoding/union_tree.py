@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .actions import Action, ActionSpace
-from .tree import DistFn, DraftTree, children_lists, draft_layout
+from .tree import DistFn, DraftTree, children_lists, sample_layout
 
 
 @dataclass
@@ -84,5 +84,5 @@ def union_from_tokens(space: ActionSpace, tokens: np.ndarray, q_rows: np.ndarray
 def sample_union_tree(space: ActionSpace, draft: DistFn, rng: np.random.Generator) -> UnionTree:
     """Draft the union tree node by node from q (``draft`` called once per distinct prefix)."""
     parents, _, _ = union_layout(space)
-    tokens, q_rows = draft_layout(parents, draft, rng)
+    tokens, q_rows = sample_layout(parents, draft, rng)
     return union_from_tokens(space, tokens, q_rows)

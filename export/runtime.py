@@ -14,7 +14,7 @@ The runtime checks the sha256, checks that the ONNX inputs match the sidecar's s
 feature vector it is given (wrong dims, missing or extra inputs, NaN: one clear `FeatureError`), prices
 the actions with a latency profile (the one the selector was trained with, or a fresh one from
 ``branchpoint profile`` on the machine where it runs) and implements the decoder's selector protocol
-(`decoding.selector`): ``select(RootFeatures) -> Choice``.
+(`decoding.policy`): ``select(RootFeatures) -> Choice``.
 
 ``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
 Ê / T over the valid outputs of those methods only (computed here with numpy from the graph's Ê, the same
@@ -32,7 +32,7 @@ from decoding.errors import UserInputError
 from decoding.features import FeatureError, FeatureSchema
 from decoding.files import read_json, sha256_file
 from decoding.latency import LatencyModel
-from decoding.selector import Choice, RootFeatures
+from decoding.policy import Choice, RootFeatures
 
 ONNX_FILE = "selector.onnx"
 SIDECAR_FILE = "selector.json"

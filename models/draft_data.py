@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from decoding.sampling import Sampling, transform_logits
+from decoding.engine.torch_sampling import transform_logits
+from decoding.sampling import Sampling
 
 
 @dataclass

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from decoding.sampling import Sampling, draw, to_numpy_rows, transform_logits
+from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
+from decoding.sampling import Sampling, draw
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from decoding import throughput
-from decoding.actions import Action
+from decoding.actions import AR_ACTION
 from decoding.errors import UserInputError
 from decoding.features import FeatureSchema, batch_inputs
 
-from .selector import OutputLayout
+from .selector_network import OutputLayout
 
-AR = Action(1, 0, 0)  # autoregressive: no tree, one target step
+AR = AR_ACTION  # autoregressive: no tree, one target step
 
 
 class SelectorDataError(UserInputError):
@@ -95,24 +95,19 @@ class SelectorData:
         keys = self.sampling()
         E = np.where(self.valid_outputs(fit), self.labels, np.nan)
         best_all = throughput.best_static(E[fit], self.cost_static[fit])
-        out = np.empty(len(self))
-        for key in np.unique(keys):
-            rows = np.flatnonzero(keys == key)
-            f = np.intersect1d(rows, fit)
-            a = throughput.best_static(E[f], self.cost_static[f]) if f.size else best_all
-            out[rows] = self.labels[rows, a] / self.cost_static[rows, a]
-        return out
+        f = np.unique(fit)  # sorted, as the per-key rows were summed before
+        a_by_key = throughput.best_static_by_group(E[f], self.cost_static[f], keys[f], keys, best_all)
+        a = np.array([a_by_key[k] for k in keys], dtype=np.int64)
+        rows = np.arange(len(self))
+        return (self.labels[rows, a] / self.cost_static[rows, a]).astype(np.float64)
 
 
 def step_costs(latency, context_length: np.ndarray, layout: OutputLayout, features: str | None,
                extra_seconds: float = 0.0) -> np.ndarray:
     """``[N, O]`` seconds of one step per output (`LatencyModel.step_seconds`, one call per distinct
     context length; the same action costs the same under every method)."""
-    ctx = np.asarray(context_length, dtype=np.int64)
-    uniq, inverse = np.unique(ctx, return_inverse=True)
-    per = np.stack([np.asarray(latency.step_seconds(int(l), list(layout.actions), features=features),
-                               dtype=np.float64) for l in uniq])  # noqa: E741  # [U, A]
-    return np.tile(per[inverse.reshape(-1)], (1, len(layout.methods))) + float(extra_seconds)
+    per = latency.step_seconds_matrix(context_length, list(layout.actions), features)  # [N, A]
+    return np.tile(per, (1, len(layout.methods))) + float(extra_seconds)
 
 
 def _column(columns, name: str, dtype) -> np.ndarray:

@@ -82,8 +82,7 @@ def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.
     choice = throughput.choose(pred, data.cost, valid)
     a_static = throughput.best_static(E_fit, fit.cost_static)
     keys, fit_keys = data.sampling(), fit.sampling()
-    a_by_key = {k: throughput.best_static(E_fit[fit_keys == k], fit.cost_static[fit_keys == k])
-                if (fit_keys == k).any() else a_static for k in np.unique(keys)}
+    a_by_key = throughput.best_static_by_group(E_fit, fit.cost_static, fit_keys, keys, a_static)
     a_group = np.array([a_by_key[k] for k in keys], dtype=np.int64)
     a_trav = (throughput.best_static(fit.traversal.astype(np.float64), fit.cost_static[:, : fit.traversal.shape[1]])
               if fit.traversal is not None else None)

@@ -1,4 +1,4 @@
-"""Training the selector (`models.selector.SelectorNet`) with Lightning: two objectives, one decision rule.
+"""Training the selector (`models.selector_network.SelectorNet`) with Lightning: two objectives, one decision rule.
 
 Both objectives train the same network (one output per (method, action) of the `OutputLayout`) and are
 judged by the same decision, ``argmax_o Ê_pred(c, o) / T(c, o)`` with the shared latency model
@@ -41,9 +41,9 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from .selector import SelectorNet
 from .selector_data import SelectorData, SelectorDataModule
 from .selector_eval import evaluate, flat_metrics
+from .selector_network import SelectorNet
 
 OBJECTIVES = ("regression", "throughput")
 LABEL_WEIGHTINGS = ("none", "inverse_se")

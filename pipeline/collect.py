@@ -21,7 +21,9 @@ import os
 import time
 from pathlib import Path
 
+from data_collection.dataset_schema import trajectory_key  # noqa: F401  (the collect keys; tests import it here)
 from decoding.errors import UserInputError
+from decoding.files import stable_hash64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,11 +54,7 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 def prompt_part(prompt_id: str, count: int) -> int:
     """The part (of ``count``) a prompt belongs to: a stable hash, so every process agrees."""
-    return int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "little") % count
-
-
-def trajectory_key(t) -> str:
-    return f"{t.prompt_id}|T={t.temperature}|top_p={t.top_p}|{t.sample}"
+    return stable_hash64(prompt_id) % count
 
 
 def folder_digest(path: str | Path) -> str:
@@ -104,64 +102,13 @@ def _header(cfg, pair, space) -> dict:
     }
 
 
-def _table(trajs, rows_list, methods, space_size: int):
-    """One shard's pyarrow table from the collected rows of its trajectories."""
-    import numpy as np
-    import pyarrow as pa
-
-    from decoding.features import PROBABILITY_SCALARS
-
-    cols: dict[str, list] = {k: [] for k in ("key", "prompt_id", "source", "split", "temperature", "top_p",
-                                             "sample", "position", "context_length", "root_token")}
-    hidden = {k: [] for k in ("h_p_prev", "h_q_prev", "h_q_root")}
-    scalars: list[np.ndarray] = []
-    labels = {m: [] for m in methods}
-    se = {m: [] for m in methods}
-    secs = {k: [] for k in ("draft", "target", "labels")}
-    for t, rows in zip(trajs, rows_list, strict=True):
-        for i, r in enumerate(rows.position):
-            for k, v in (("key", trajectory_key(t)), ("prompt_id", t.prompt_id), ("source", t.source),
-                         ("split", t.split), ("temperature", t.temperature), ("top_p", t.top_p),
-                         ("sample", t.sample), ("position", r), ("context_length", r),
-                         ("root_token", rows.root_token[i])):
-                cols[k].append(v)
-            for k in hidden:
-                hidden[k].append(getattr(rows, k)[i])
-            scalars.append(rows.probability_scalars[i])
-            for m in methods:
-                labels[m].append(rows.labels[m][i])
-                se[m].append(rows.label_se[m][i])
-            for k in secs:
-                secs[k].append(rows.seconds[k][i])
-    types = {"key": pa.string(), "prompt_id": pa.string(), "source": pa.string(), "split": pa.string(),
-             "temperature": pa.float32(), "top_p": pa.float32(), "sample": pa.int32(), "position": pa.int32(),
-             "context_length": pa.int32(), "root_token": pa.int32()}
-    arrays = {k: pa.array(v, type=types[k]) for k, v in cols.items()}
-
-    def fixed(vectors: list, dtype, width: int):
-        flat = np.concatenate([np.asarray(v).reshape(-1) for v in vectors]) if vectors else np.zeros(0)
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat.astype(dtype.to_pandas_dtype())), width)
-
-    for k, v in hidden.items():
-        width = int(np.asarray(v[0]).shape[0]) if v else 1
-        arrays[k] = fixed(v, pa.float16(), width)
-    sc = np.stack(scalars) if scalars else np.zeros((0, len(PROBABILITY_SCALARS)))
-    for j, name in enumerate(PROBABILITY_SCALARS):
-        arrays[name] = pa.array(sc[:, j].astype(np.float32))
-    for m in methods:
-        arrays[f"E_{m}"] = fixed(labels[m], pa.float32(), space_size)
-        arrays[f"E_se_{m}"] = fixed(se[m], pa.float32(), space_size)
-    for k, v in secs.items():
-        arrays[f"seconds_{k}"] = pa.array(v, type=pa.float32())
-    return pa.table(arrays)
-
-
 def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_change: bool) -> dict:
     """Collect this process's part; returns its manifest."""
     from tqdm.auto import tqdm
 
     from data_collection.collect import RootCollector, root_positions
     from data_collection.dataset import DatasetError, ShardWriter
+    from data_collection.dataset_schema import rows_table
     from data_collection.trajectories import load_trajectories
     from decoding.sampling import Sampling
     from models.loading import eos_ids
@@ -201,7 +148,7 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
             rows = collector.collect(seq, positions[j], Sampling(t.temperature, t.top_p), trajectory_key(t))
             rows_list.append(rows)
             bar.update(len(rows))
-        writer.write(ci, _table([mine[j] for j in chunk], rows_list, c.methods, len(space)))
+        writer.write(ci, rows_table([mine[j] for j in chunk], rows_list, c.methods, len(space)))
     bar.close()
     writer.manifest["complete"] = True
     from decoding.files import write_json_atomic
@@ -215,8 +162,9 @@ def collect_metrics(cfg) -> dict:
     import numpy as np
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset_schema import SECONDS_KINDS, seconds_column
     from decoding import throughput
-    from decoding.actions import Action
+    from decoding.actions import AR_ACTION
     from decoding.latency import LatencyModel
 
     c, space = cfg.collect, cfg.actions.space()
@@ -226,9 +174,9 @@ def collect_metrics(cfg) -> dict:
     ctx = np.asarray(ds["context_length"])
     split = np.asarray(ds["split"])
     temps, tops = np.asarray(ds["temperature"]), np.asarray(ds["top_p"])
-    T = np.stack([latency.step_seconds(int(c), space) for c in ctx])  # [N, A]
-    ar = space.index(Action(1, 0, 0)) if Action(1, 0, 0) in space else None
-    secs = {k: float(np.mean(ds[f"seconds_{k}"])) for k in ("draft", "target", "labels")}
+    T = latency.step_seconds_matrix(ctx, space)  # [N, A]
+    ar = space.index(AR_ACTION) if AR_ACTION in space else None
+    secs = {k: float(np.mean(ds[seconds_column(k)])) for k in SECONDS_KINDS}
     out: dict = {
         "roots": int(len(ds)), "roots_per_split": {s: int((split == s).sum()) for s in ("train", "val", "test")},
         "seconds_per_root": {**secs, "total": sum(secs.values())},

@@ -7,14 +7,14 @@ findings), the latency profile (``profile.out``), the exported selector (``expor
 plot data under ``evaluate.plots`` (`dvc plots show`), ``evaluate.report`` (reports/report.md + figures/), one
 MLflow run tagged ``stage=evaluate``. Steps:
 
-1. best static actions on TRAIN labels (`data_collection.online_eval.best_statics`) and their offline TPS on TEST;
+1. best static actions on TRAIN labels (`evaluation.online.best_statics`) and their offline TPS on TEST;
 2. policies: autoregressive, chain, the adaptive chain, each method's best static (the one of the highest
    TRAIN TPS is ``best_static``, the hardware-aware best static tree), the selector (``auto`` and restricted to each
    of ``evaluate.selector_methods``; `export.runtime.SelectorRuntime`, priced with ``profile.out``);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
 4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive, Traversal's
-   best static, the best static and the adaptive chain (flat ``selector_vs_*`` keys with ``_lo`` / ``_hi``) (`data_collection.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
-5. findings from the labels (`data_collection.findings`); the report (`pipeline.report`).
+   best static, the best static and the adaptive chain (flat ``selector_vs_*`` keys with ``_lo`` / ``_hi``) (`evaluation.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
+5. findings from the labels (`evaluation.claims`); the report (`evaluation.report`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def load_labels(cfg):
     import numpy as np
 
     from data_collection.dataset import load_collected, read_manifest
+    from data_collection.dataset_schema import label_column
 
     manifest = read_manifest(cfg.collect.out)
     actions = [str(a) for a in cfg.actions.space()]
@@ -49,10 +50,10 @@ def load_labels(cfg):
                              f"{manifest.get('grid')}")
     methods = list(manifest["methods"])
     ds = load_collected(cfg.collect.out)
-    keep = [c for c in (*LABEL_COLUMNS, *(f"E_{m}" for m in methods)) if c in ds.column_names]
+    keep = [c for c in (*LABEL_COLUMNS, *(label_column(m) for m in methods)) if c in ds.column_names]
     data = ds.select_columns(keep).with_format("numpy")[:]
     cols = {c: np.asarray(data[c]) for c in LABEL_COLUMNS if c in data}
-    labels = {m: np.asarray(data[f"E_{m}"], dtype=np.float64) for m in methods}
+    labels = {m: np.asarray(data[label_column(m)], dtype=np.float64) for m in methods}
     return cols, labels, cfg.actions.space()
 
 
@@ -75,7 +76,7 @@ def pick_units(cfg):
 
 
 def build_policies(cfg, statics, space, with_selector: bool):
-    from data_collection.online_eval import AR_ACTION, AUTOREGRESSIVE, EvalPolicy, adaptive_chain_policy
+    from evaluation.online import AR_ACTION, AUTOREGRESSIVE, EvalPolicy, adaptive_chain_policy
 
     policies = [EvalPolicy(AUTOREGRESSIVE, "autoregressive", AUTOREGRESSIVE, AR_ACTION)]
     for name, (method, a) in statics.items():
@@ -104,9 +105,9 @@ def offline_part(cfg):
     """Labels, best statics (TRAIN), their offline TPS (TEST and TRAIN), the best static of all, the findings."""
     import numpy as np
 
-    from data_collection import online_eval as oe
-    from data_collection.findings import findings
     from decoding.latency import LatencyModel
+    from evaluation import online as oe
+    from evaluation.claims import findings
 
     cols, labels, space = load_labels(cfg)
     methods = list(dict.fromkeys(["traversal", *(cfg.evaluate.methods or cfg.collect.methods)]))
@@ -131,8 +132,8 @@ def decode_all(cfg, args, off):
     """The pair, the policies and every (unit, policy) decode: ``(units, available, policies, runtime, runs, s)``."""
     import torch
 
-    from data_collection import online_eval as oe
     from decoding.engine import SpeculativeDecoder
+    from evaluation import online as oe
     from models.loading import eos_ids, load_pair
 
     ec = cfg.evaluate
@@ -152,7 +153,7 @@ def decode_all(cfg, args, off):
 
 def references(off) -> dict[str, str]:
     """Label -> policy name of every paired-ratio reference (absent policies are skipped by the table)."""
-    from data_collection import online_eval as oe
+    from evaluation import online as oe
 
     refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
             "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain"}
@@ -165,7 +166,7 @@ def tables(cfg, off, policies, runs):
     """``(policy table with paired ratios, gains by temperature / source)``."""
     import pandas as pd
 
-    from data_collection.paired_stats import gain_by, policy_table
+    from evaluation.paired_stats import gain_by, policy_table
 
     ec = cfg.evaluate
     df = pd.DataFrame(runs)
@@ -207,9 +208,9 @@ def headline(table: dict, primary: str | None) -> dict:
 
 
 def run(cfg, args) -> int:
-    from data_collection import online_eval as oe
-    from data_collection.findings import headline as findings_headline
-    from pipeline.report import clean, write_outputs
+    from evaluation import online as oe
+    from evaluation.claims import headline as findings_headline
+    from evaluation.report import clean, write_outputs
 
     ec = cfg.evaluate
     start = time.perf_counter()
@@ -270,7 +271,7 @@ def _train_summary(train_metrics: dict | None) -> dict | None:
 def _log_mlflow(cfg, metrics: dict, paths: dict) -> None:
     import mlflow
 
-    from pipeline.report import clean
+    from evaluation.report import clean
     from pipeline.tracking import start_run
 
     flat = {}

@@ -39,8 +39,8 @@ def parity_rows(cfg, meta: dict, rows: int):
     inputs = batch_inputs(schema, cols, latency)
     actions = [parse_action(a) for a in meta["outputs"]["actions"]]
     methods = meta["outputs"]["methods"]
-    seconds = np.stack([np.tile(latency.step_seconds(int(c), actions, features=schema.feature_set), len(methods))
-                        for c in cols["context_length"]]).astype(np.float32)
+    per = latency.step_seconds_matrix(cols["context_length"], actions, schema.feature_set)  # [N, A]
+    seconds = np.tile(per, (1, len(methods))).astype(np.float32)
     return inputs, seconds
 
 
@@ -94,7 +94,7 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: 
 
 def run(cfg, args) -> int:
     from export.onnx_export import export_selector
-    from models.selector import load_selector
+    from models.selector_network import load_selector
 
     src = args.selector or cfg.train.out
     net, meta = load_selector(src)

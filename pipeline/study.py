@@ -38,8 +38,8 @@ def train_subset(data, keep_prompts: set[str]):
 
 def fit_net(cfg, data, layout, schema):
     """A selector trained on ``data``'s TRAIN roots with ``train.*`` (the last epoch: no checkpoint)."""
-    from models.selector import SelectorNet
     from models.selector_data import SelectorDataModule
+    from models.selector_network import SelectorNet
     from models.selector_training import fit_selector
     from pipeline.train import hparams
 

@@ -1,7 +1,7 @@
 """``branchpoint train``: stage train, the selector of ALGORITHMS.md section 6 on the collected dataset.
 
 Reads: the collected dataset (``collect.out``: features + labels, splits by prompt), the latency profile
-(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector.save_selector`:
+(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector_network.save_selector`:
 weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and ``train.metrics``
 (metrics/train.json). Steps:
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def layout_for(tc, manifest: dict):
     from decoding.actions import parse_action
-    from models.selector import OutputLayout
+    from models.selector_network import OutputLayout
     from pipeline.config import ConfigError
 
     collected = list(manifest["methods"])
@@ -100,10 +100,11 @@ def training_data(cfg):
     import numpy as np
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset_schema import label_se_column
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
-    from models.selector import SelectorNet
     from models.selector_data import build_selector_data
+    from models.selector_network import SelectorNet
 
     tc = cfg.train
     manifest = read_manifest(cfg.collect.out)
@@ -115,7 +116,7 @@ def training_data(cfg):
     cols = ds.with_format("numpy")[:]
     collected = list(manifest["methods"])
     labels = {m: label_matrix(ds, m) for m in collected}
-    label_se = {m: np.asarray(cols[f"E_se_{m}"], dtype=np.float32) for m in collected}
+    label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
     probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                         *layout.constraints())
@@ -156,7 +157,7 @@ def hparams(tc):
 
 def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
                   best_ckpt) -> dict:
-    """The trained selector's meta (`models.selector.save_selector`)."""
+    """The trained selector's meta (`models.selector_network.save_selector`)."""
     from decoding.files import sha256_file
     from models.selector_eval import serializable
 
@@ -216,10 +217,10 @@ def run(cfg, args) -> int:
     import torch
 
     from decoding.files import write_json_atomic
-    from models.selector import SelectorNet, save_selector
     from models.selector_baselines import baseline_reports
     from models.selector_data import SelectorDataModule
     from models.selector_eval import evaluate, flat_metrics
+    from models.selector_network import SelectorNet, save_selector
     from models.selector_training import fit_selector, predict
 
     tc = cfg.train

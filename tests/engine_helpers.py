@@ -7,10 +7,10 @@ from __future__ import annotations
 import copy
 
 import torch
+from tiny_models import tiny_config
 from transformers import LlamaForCausalLM
 
 from benchmarks.bench_engine import noisy_draft  # the one stand-in draft (re-exported for the tests)
-from models.tiny import tiny_config
 
 VOCAB = 64
 

@@ -30,7 +30,7 @@ from scipy import stats
 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
-from decoding.engine.rows import to_numpy_rows, transform_logits
+from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
 from decoding.engine.tree_pass import forward_nodes, prefill
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree, children_lists, tree_layout

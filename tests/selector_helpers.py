@@ -14,7 +14,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import ActionSpace
 from decoding.features import FeatureSchema
 from decoding.latency import LatencyModel
-from models.selector import SelectorNet
+from models.selector_network import SelectorNet
 
 SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))
 METHODS = ["traversal", "specinfer"]  # of build_collected
@@ -34,8 +34,8 @@ def toy_latency() -> LatencyModel:
 def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8),
                     objective: str = "regression"):
     """A randomly initialised SelectorNet (known outputs fixed / tied, `OutputLayout.constraints`) and the
-    meta `models.selector.save_selector` expects."""
-    from models.selector import OutputLayout
+    meta `models.selector_network.save_selector` expects."""
+    from models.selector_network import OutputLayout
 
     torch.manual_seed(seed)
     schema = FeatureSchema.for_pair(feature_set, *hidden)
@@ -69,10 +69,10 @@ def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int =
     """Collect a tiny dataset into ``out`` (prompt i gets split SPLITS[i % 8] and source "src<i % 2>")."""
     from data_collection.collect import RootCollector
     from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
+    from data_collection.dataset_schema import rows_table, trajectory_key
     from decoding.features import FeatureSchema
     from decoding.files import write_json_atomic
     from decoding.sampling import Sampling
-    from pipeline.collect import _table, trajectory_key
 
     target, draft = untied_pair(seed=3, noise=0.4)
     collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=2, seed=seed)
@@ -94,7 +94,7 @@ def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int =
             positions = list(range(8 + s, length, stride))
             rows_list.append(collector.collect(seq, positions, Sampling(temp, top_p), trajectory_key(t)))
             trajs.append(t)
-    writer.write(0, _table(trajs, rows_list, METHODS, len(SPACE)))
+    writer.write(0, rows_table(trajs, rows_list, METHODS, len(SPACE)))
     writer.manifest["complete"] = True
     write_json_atomic(writer.path, writer.manifest)
     merge_manifests(out)

@@ -1,4 +1,4 @@
-"""The acceptance-tracking adaptive chain (decoding.selector.AdaptiveChain): its rule on hand-made steps and,
+"""The acceptance-tracking adaptive chain (decoding.policy.AdaptiveChain): its rule on hand-made steps and,
 through the real decoder, that the accepted lengths it infers from context lengths are the decoder's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
 from decoding.engine import SpeculativeDecoder
+from decoding.policy import AdaptiveChain, RootFeatures
 from decoding.sampling import Sampling
-from decoding.selector import AdaptiveChain, RootFeatures
 
 
 def _root(ctx: int) -> RootFeatures:

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
+from tiny_models import save_tiny_model, tiny_tokenizer
 
-from models.tiny import save_tiny_model, tiny_tokenizer
 from pipeline.cli import COMMANDS
 
 

@@ -16,7 +16,7 @@ from data_collection.collect import RootCollector, forest_layout, root_positions
 from data_collection.dataset import DatasetError, ShardWriter, load_collected, merge_manifests
 from decoding.actions import Action, ActionSpace
 from decoding.engine import SpeculativeDecoder
-from decoding.engine.rows import prob_rows
+from decoding.engine.torch_sampling import prob_rows
 from decoding.labels import expected_block_efficiency, union_labels
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree

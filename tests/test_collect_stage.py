@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_models import save_tiny_model
 
 from data_collection.dataset import load_collected
 from data_collection.trajectories import Trajectory, save_trajectories
-from models.tiny import save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

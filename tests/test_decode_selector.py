@@ -8,8 +8,7 @@ import json
 import numpy as np
 import pytest
 from selector_helpers import random_inputs, random_selector
-
-from models.tiny import save_tiny_model
+from tiny_models import save_tiny_model
 
 TINY_HIDDEN = 32  # models.tiny's default hidden size
 
@@ -18,7 +17,7 @@ TINY_HIDDEN = 32  # models.tiny's default hidden size
 def project(tmp_path_factory):
     """A params file for a saved tiny pair and a selector exported for its hidden sizes (SpecInfer only)."""
     from export.onnx_export import export_selector
-    from models.selector import save_selector
+    from models.selector_network import save_selector
 
     root = tmp_path_factory.mktemp("project")
     t = save_tiny_model(root / "target", 2, seed=0)

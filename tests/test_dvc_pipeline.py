@@ -42,53 +42,14 @@ def test_params_file_is_valid():
     load_config(ROOT / "params.yaml")
 
 
-OURS = ("decoding", "models", "data_collection", "pipeline", "export")
+def test_every_stage_lists_exactly_the_files_it_runs():
+    """deps = the project files the stage's command imports (pipeline/stage_deps.py), file by file: an edit
+    reruns only the stages that run the edited file, and no stage misses a file it runs."""
+    from pipeline.stage_deps import differences
 
-
-def _module_file(name: str) -> Path | None:
-    path = ROOT / Path(*name.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _imported_modules(path: Path) -> set[str]:
-    """Our modules that ``path`` imports by name (also inside functions); package __init__s only when
-    imported for themselves."""
-    import ast
-
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, base] if base else parent)
-            subs = {f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}")}
-            found |= subs or {base}
-    return {m for m in found if m.split(".")[0] in OURS and _module_file(m)}
-
-
-def test_every_stage_lists_its_config_and_every_module_it_runs():
-    """deps = the stage's script + pipeline/config.py + every module of ours it imports, transitively."""
-    from pipeline.cli import COMMANDS
-
-    for name, stage in stages().items():
-        deps = stage.get("deps", [])
-        todo, seen = [COMMANDS[stage["cmd"].split()[1]][0], "pipeline.config"], set()
-        while todo:
-            module = todo.pop()
-            if module in seen:
-                continue
-            seen.add(module)
-            todo += sorted(_imported_modules(_module_file(module)))
-        files = {str(_module_file(m).relative_to(ROOT)) for m in seen}
-        missing = sorted(f for f in files if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps))
-        assert not missing, f"stage {name} runs {missing} but does not list them in its deps"
+    diff = differences(yaml.safe_load((ROOT / "dvc.yaml").read_text()))
+    assert not diff, "dvc.yaml's deps differ from the imports (python -m pipeline.stage_deps --write):\n" + \
+        "\n".join(diff)
 
 
 def test_every_stage_param_is_in_params_yaml():

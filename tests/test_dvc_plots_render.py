@@ -1,5 +1,5 @@
 """`dvc plots show` renders the evaluate stage's plots: dvc.yaml's ``plots:`` over plot data written by
-`pipeline.report.plot_data`, turned into HTML by dvc through the project's offline page template
+`evaluation.report.plot_data`, turned into HTML by dvc through the project's offline page template
 (plots/offline_template.html: the Vega scripts that `make setup` fetches from the npm registry into .cache/vega),
 rendered in headless Chromium with no network, screenshotted, and every plot checked to draw its marks (the
 ratio plots their line at 1.0; acceptance by depth no point for a depth a policy never reached).
@@ -79,8 +79,8 @@ def _offline_html(html: str) -> str:
 def test_dvc_plots_show_renders_in_headless_chromium(tmp_path):
     import yaml
 
+    from evaluation.report import plot_data
     from pipeline.config import Config
-    from pipeline.report import plot_data
 
     repo = tmp_path / "repo"
     repo.mkdir()

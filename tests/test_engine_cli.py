@@ -5,8 +5,7 @@ import subprocess
 import sys
 
 import pytest
-
-from models.tiny import save_tiny_model
+from tiny_models import save_tiny_model
 
 
 def branchpoint(*args, cwd=None):

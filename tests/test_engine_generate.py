@@ -7,7 +7,7 @@ from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
 from decoding.engine import AUTOREGRESSIVE, RootFeatures, SpeculativeDecoder, generate
-from decoding.engine.rows import transform_logits
+from decoding.engine.torch_sampling import transform_logits
 from decoding.sampling import Sampling, transform_logits_np
 from decoding.verifiers import METHODS
 
@@ -178,7 +178,7 @@ class MethodSwitcher:
         self.steps = 0
 
     def select(self, features):
-        from decoding.selector import Choice
+        from decoding.policy import Choice
 
         self.steps += 1
         assert features.q_root is None and features.p_prev is not None  # target-side features only

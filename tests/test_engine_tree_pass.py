@@ -12,16 +12,16 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tiny_models import tiny_config
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
-from decoding.engine.rows import to_numpy_rows, transform_logits
+from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
 from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.sampling import Sampling
 from decoding.tree import build_tree, tree_layout
-from models.tiny import tiny_config
 
 ATOL = 1e-5
 V = 64

@@ -31,10 +31,10 @@ def _trajectories(rng):
 def _collect(pair, trajs, out):
     from data_collection.collect import RootCollector
     from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
+    from data_collection.dataset_schema import rows_table, trajectory_key
     from decoding.features import FeatureSchema
     from decoding.files import write_json_atomic
     from decoding.sampling import Sampling
-    from pipeline.collect import _table, trajectory_key
 
     collector = RootCollector(pair.target, pair.draft, pair.vocab_size, SPACE, METHODS, num_trees=2, seed=0)
     hidden = {"target": int(pair.target.config.hidden_size), "draft": int(pair.draft.config.hidden_size)}
@@ -50,7 +50,7 @@ def _collect(pair, trajs, out):
         seq = list(t.prompt_ids) + list(t.continuation_ids)
         positions = list(range(len(t.prompt_ids), len(seq), 5))
         rows.append(collector.collect(seq, positions, Sampling(t.temperature, t.top_p), trajectory_key(t)))
-    writer.write(0, _table(trajs, rows, METHODS, len(SPACE)))
+    writer.write(0, rows_table(trajs, rows, METHODS, len(SPACE)))
     writer.manifest["complete"] = True
     write_json_atomic(writer.path, writer.manifest)
     merge_manifests(out)
@@ -59,11 +59,11 @@ def _collect(pair, trajs, out):
 @pytest.fixture(scope="module")
 def params(tmp_path_factory):
     import torch
+    from tiny_models import save_tiny_model
 
     from data_collection.trajectories import save_trajectories
     from export.onnx_export import export_selector
     from models.loading import load_pair
-    from models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("eval")
     t = save_tiny_model(root / "target", 2, seed=0)

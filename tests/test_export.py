@@ -13,8 +13,8 @@ import torch
 from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
 
 from decoding.features import FeatureError
+from decoding.policy import Choice, RootFeatures
 from decoding.sampling import Sampling
-from decoding.selector import Choice, RootFeatures
 from export.onnx_export import ExportParityError, export_selector
 from export.runtime import ONNX_FILE, SIDECAR_FILE, SelectorArtifactError, SelectorRuntime
 

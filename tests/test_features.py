@@ -1,4 +1,4 @@
-"""The feature schema (decoding/features.py) and the selector protocol (decoding/selector.py): numpy only,
+"""The feature schema (decoding/features.py) and the selector protocol (decoding/policy.py): numpy only,
 hand-checked scalar values, and clear errors for features that do not match a schema."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from decoding.features import (
     kl,
     probability_scalars,
 )
+from decoding.policy import RootFeatures, StaticPolicy, as_policy
 from decoding.sampling import Sampling
-from decoding.selector import RootFeatures, StaticPolicy, as_policy
 
 
 class FakeLatency:
@@ -42,7 +42,7 @@ def test_torch_free_import_of_protocol_schema_and_latency():
         for name in ("torch", "numba", "scipy", "transformers"):
             sys.modules[name] = None
         import numpy as np
-        from decoding.selector import RootFeatures, StaticPolicy
+        from decoding.policy import RootFeatures, StaticPolicy
         from decoding.features import FeatureSchema
         from decoding.sampling import Sampling, transform_logits_np
         from decoding.actions import Action, ActionSpace

@@ -111,6 +111,17 @@ def test_step_seconds_takes_an_action_space_in_its_order():
     assert m.step_seconds(250, space).shape == (len(space),)
 
 
+def test_step_seconds_matrix_is_step_seconds_per_root():
+    m = toy()
+    space = ActionSpace(K=range(1, 3), L1=range(0, 2), L2=range(0, 3))
+    ctx = np.array([300, 40, 300, 1000])
+    T = m.step_seconds_matrix(ctx, space, features="paper")
+    assert T.shape == (4, len(space))
+    for row, c in zip(T, ctx, strict=True):
+        np.testing.assert_array_equal(row, m.step_seconds(int(c), space, features="paper"))
+    assert m.step_seconds_matrix(np.zeros(0, dtype=int), space).shape == (0, len(space))
+
+
 def test_draft_forwards_list_each_forward_with_its_cache_length():
     idx, ctx, rows = draft_forwards(10, [Action(3, 1, 3), Action(1, 0, 0)])
     assert idx.tolist() == [0, 0, 0, 0]

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import save_tiny_model, tiny_lm, tiny_tokenizer
 
 from models.loading import (
     ModelLoadError,
@@ -14,7 +15,6 @@ from models.loading import (
     parse_spec,
     resolve_device,
 )
-from models.tiny import save_tiny_model, tiny_lm, tiny_tokenizer
 
 
 def test_parse_spec():

@@ -1,12 +1,12 @@
-"""The evaluate stage's policy arithmetic (data_collection/online_eval.py) on hand-made labels and runs."""
+"""The evaluate stage's policy arithmetic (evaluation/online.py) on hand-made labels and runs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from data_collection.online_eval import CHAIN, best_statics, chosen, depth_acceptance, offline_tps
 from decoding.actions import Action, ActionSpace
+from evaluation.online import CHAIN, best_statics, chosen, depth_acceptance, offline_tps
 
 SPACE = ActionSpace(range(1, 3), range(0, 2), range(0, 2))  # (1,0,0) (1,0,1) (1,1,0) (1,1,1) (2,0,0) ...
 
@@ -54,7 +54,18 @@ def test_depth_acceptance_and_chosen_pool_the_runs_of_a_policy():
 
 def test_autoregressive_would_win_these_labels():
     """The premise of the first test: on these labels the unrestricted best static is the empty tree."""
-    from data_collection.online_eval import throughput
+    from evaluation.online import throughput
 
     labels, T = _labels()
     assert SPACE[throughput.best_static(labels["specinfer"], T)].tree_size == 0
+
+
+def test_best_static_by_group_chooses_on_each_groups_fit_roots():
+    # action 0 wins at T=1, action 1 at T=0.6; T=0 has no fit roots and gets the fallback
+    E = np.array([[3.0, 1.0], [3.0, 1.0], [1.0, 3.0]])
+    T = np.ones_like(E)
+    keys = np.array(["T=1", "T=1", "T=0.6"])
+    from decoding import throughput
+
+    got = throughput.best_static_by_group(E, T, keys, np.array(["T=1", "T=0.6", "T=0"]), fallback=7)
+    assert got == {"T=1": 0, "T=0.6": 1, "T=0": 7}

@@ -1,4 +1,4 @@
-"""Paired bootstrap statistics of the evaluate stage (data_collection/paired_stats.py) on hand-made runs."""
+"""Paired bootstrap statistics of the evaluate stage (evaluation/paired_stats.py) on hand-made runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data_collection.paired_stats import gain_by, paired, policy_table, rate_ci, ratio_ci
+from evaluation.paired_stats import gain_by, paired, policy_table, rate_ci, ratio_ci
 
 
 def _runs(speed: dict[str, float], prompts: int = 6, seeds: int = 2, jitter: float = 0.0, seed: int = 0):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import VOCAB, untied_pair
+from tiny_models import tiny_lm
 
 from data_collection.profile import profile_pair, step_times, tile_ids, time_grid
 from decoding.actions import Action
@@ -14,7 +15,6 @@ from decoding.engine.drafting import draft_tree
 from decoding.engine.tree_pass import prefill
 from decoding.latency import LatencyModel, draft_forwards
 from decoding.sampling import Sampling
-from models.tiny import tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_priced_draft_forwards_are_the_forwards_the_engine_makes(action, one_thr
 
 @pytest.fixture
 def tiny_params(tmp_path):
-    from models.tiny import save_tiny_model
+    from tiny_models import save_tiny_model
 
     t = save_tiny_model(tmp_path / "target", 2, seed=0)
     d = save_tiny_model(tmp_path / "draft", 1, seed=1)

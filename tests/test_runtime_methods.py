@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
 
+from decoding.policy import RootFeatures
 from decoding.sampling import Sampling
-from decoding.selector import RootFeatures
 from export.onnx_export import export_selector
 from export.runtime import SelectorArtifactError, SelectorRuntime
 

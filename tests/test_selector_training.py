@@ -14,9 +14,9 @@ from selector_helpers import METHODS, SPACE, build_collected, toy_latency
 from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
 from decoding.throughput import choose
-from models.selector import OutputLayout, SelectorNet, load_selector, save_selector
 from models.selector_data import SelectorData, SelectorDataModule, build_selector_data
 from models.selector_eval import evaluate
+from models.selector_network import OutputLayout, SelectorNet, load_selector, save_selector
 from models.selector_training import SelectorHParams, SelectorModule, fit_selector, predict
 
 
@@ -182,7 +182,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     assert got["dataset"] == {"config_hash": "abc"} and got["architecture"]["widths"] == [16, 8]
     assert OutputLayout.from_dict(got["outputs"]) == layout
     assert FeatureSchema.from_dict(got["schema"]) == schema
-    from models.selector import SelectorLoadError
+    from models.selector_network import SelectorLoadError
 
     with pytest.raises(SelectorLoadError, match="not found"):
         load_selector(tmp_path / "missing")

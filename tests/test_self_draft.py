@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TINY_VOCAB, tiny_lm
 from transformers import DynamicCache
 
 from decoding.sampling import Sampling
@@ -25,7 +26,6 @@ from models.draft_training import (
 )
 from models.sampler import Row, sample_continuations
 from models.self_draft import SelfDraft, SelfDraftConfig, SelfDraftError, load_self_draft, save_self_draft
-from models.tiny import TINY_VOCAB, tiny_lm
 from pipeline.config import TrainDraftConfig
 from pipeline.train_draft import distill_hparams
 

@@ -11,7 +11,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import Action
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
-from decoding.engine.rows import prob_rows
+from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import causal_allowed, forward_nodes
 from decoding.exact import TablePair, enumerate_trees, law_distance, target_law, tree_p_rows, with_cache
 from decoding.sampling import Sampling

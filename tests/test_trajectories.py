@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import TINY_VOCAB, tiny_lm
 
 from data_collection.trajectories import (
     Trajectory,
@@ -16,7 +17,6 @@ from data_collection.trajectories import (
 )
 from decoding.sampling import Sampling
 from models.sampler import Row, sample_continuations
-from models.tiny import TINY_VOCAB, tiny_lm
 
 EOS = [2]
 
@@ -130,7 +130,7 @@ def test_corrupt_or_missing_files_give_one_clear_error(tmp_path):
 
 @pytest.fixture
 def stage_args(tmp_path):
-    from models.tiny import save_tiny_model
+    from tiny_models import save_tiny_model
 
     target = save_tiny_model(tmp_path / "target", 2, seed=0)
     lines = [json.dumps({"id": str(i), "text": " ".join(f"w{3 + (i * 7 + j) % 60}" for j in range(2 + i % 5))})

@@ -2,15 +2,46 @@
 
 - `cache`: KV caches with slot positions; pruning to the accepted path; forking a prefix.
 - `tree_pass`: forward passes over tree nodes with ancestor-only additive masks.
-- `rows`: logits -> transformed probability rows (torch side of `decoding.sampling`).
+- `torch_sampling`: logits -> transformed probability rows (torch side of `decoding.sampling`).
 - `drafting`: any tree layout level by level (one action's tree, or the union tree of labels).
 - `generate`: the decode loop, a loop over one `step` (choose -> draft -> target pass -> verify ->
-  prune), and its statistics (`stats`). Policies and the selector protocol: `decoding.selector`.
+  prune), and its statistics (`stats`). Policies and the selector protocol: `decoding.policy`.
 """
 
-from ..selector import RootFeatures, Selector, StaticPolicy
-from .generate import AUTOREGRESSIVE, DecodeResult, DecodeState, SpeculativeDecoder, StepResult, generate
-from .stats import DecodeStats
+import sys
+import types
 
-__all__ = ["AUTOREGRESSIVE", "DecodeResult", "DecodeState", "DecodeStats", "RootFeatures", "Selector",
-           "SpeculativeDecoder", "StaticPolicy", "StepResult", "generate"]
+from ..lazy_names import lazy_getattr
+
+# Resolved lazily (PEP 562): importing one engine module (e.g. `torch_sampling`) does not load the decode
+# loop and the verifiers, so a stage that only samples depends on the files it runs (pipeline/stage_deps.py).
+_EXPORTS = {
+    "AUTOREGRESSIVE": ".generate",
+    "DecodeResult": ".generate",
+    "DecodeState": ".generate",
+    "SpeculativeDecoder": ".generate",
+    "StepResult": ".generate",
+    "generate": ".generate",
+    "DecodeStats": ".stats",
+    "RootFeatures": "..policy",
+    "Selector": "..policy",
+    "StaticPolicy": "..policy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """``decoding.engine.generate`` is the decode-loop function, never its submodule: importing the
+    submodule would otherwise bind the package attribute ``generate`` to the module."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -24,8 +24,8 @@ from ..actions import Action
 from ..sampling import Sampling, draw
 from ..tree import DraftTree, build_tree, tree_layout
 from .cache import KVState
-from .rows import prob_rows
-from .tree_pass import forward_nodes
+from .torch_sampling import prob_rows
+from .tree_pass import forward_nodes, hidden_numpy
 
 
 @dataclass
@@ -88,7 +88,7 @@ def draft_layout(kv: KVState, root_slot: int, q_root: np.ndarray, parents: np.nd
         forwards += 1
         q_rows[fed] = prob_rows(logits, sampling, vocab_size)
         if hidden:
-            h_np = h.float().cpu().numpy()  # [f, H]
+            h_np = hidden_numpy(h)  # [f, H]
             hid.update({int(node): h_np[r] for r, node in enumerate(fed)})
     return DraftedLayout(tokens, q_rows, node_slots, hid, forwards)
 

@@ -3,7 +3,7 @@
 `SpeculativeDecoder.generate` is a loop over `SpeculativeDecoder.step`; collection and evaluation call
 the same step. One *step* starts at a *root* (the last emitted token, not yet processed by the target):
 1. choose: the policy picks the action. A static `Action` costs nothing; a selector gets `RootFeatures`
-   (after the draft's root step when it ``needs_draft``, see `decoding.selector`);
+   (after the draft's root step when it ``needs_draft``, see `decoding.policy`);
 2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts
    the action's tree (`drafting.draft_tree`); an empty tree skips the draft entirely;
 3. target pass: one pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..actions import Action
+from ..actions import AR_ACTION, AUTOREGRESSIVE, Action
 from ..errors import UserInputError
-from ..sampling import Sampling, draw
-from ..selector import (
+from ..policy import (
     Choice,
     RootFeatures,
     Selector,
@@ -37,23 +36,18 @@ from ..selector import (
     needs_hidden_states,
     static_action,
 )
+from ..sampling import Sampling, draw
 from ..tree import build_tree
 from ..verifiers import get_method
 from ..verifiers.base import VerificationMethod
 from .cache import KVState
 from .drafting import draft_tree
-from .rows import prob_rows
 from .stats import DecodeStats, Timer
-from .tree_pass import causal_allowed, forward_nodes, target_tree_pass
+from .torch_sampling import prob_rows
+from .tree_pass import causal_allowed, forward_nodes, hidden_numpy, target_tree_pass
 
-AUTOREGRESSIVE = "autoregressive"
-AR_ACTION = Action(1, 0, 0)
 DEFAULT_ACTION = Action(2, 2, 3)
 DEFAULT_SAMPLING = Sampling()
-
-
-def _np(h: torch.Tensor | None) -> np.ndarray | None:
-    return None if h is None else h.float().cpu().numpy()
 
 
 @dataclass
@@ -123,7 +117,7 @@ class SpeculativeDecoder:
         n = len(prompt) - 1
         if n:
             logits, h = forward_nodes(state.kv_t, prompt[:-1], list(range(n)), causal_allowed(0, n), hidden, last=1)
-            state.p_prev, state.h_p_prev = self._rows(logits[-1], sampling), _np(h[-1] if hidden else None)
+            state.p_prev, state.h_p_prev = self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
         return state
 
     def draft_root(self, state: DecodeState, sampling: Sampling, hidden: bool
@@ -137,9 +131,9 @@ class SpeculativeDecoder:
         logits, h = forward_nodes(kv, pending, list(range(start, start + len(pending))),
                                   causal_allowed(start, len(pending)), hidden, last=2)
         if len(pending) >= 2:
-            state.q_prev, state.h_q_prev = self._rows(logits[-2], sampling), _np(h[-2] if hidden else None)
+            state.q_prev, state.h_q_prev = self._rows(logits[-2], sampling), hidden_numpy(h[-2] if hidden else None)
         state.pending = []
-        return self._rows(logits[-1], sampling), _np(h[-1] if hidden else None)
+        return self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
 
     @torch.inference_mode()
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
@@ -211,7 +205,7 @@ class SpeculativeDecoder:
                 state.q_prev, state.h_q_prev = q_root, h_q_root
             else:
                 state.pending.append(int(emitted))
-        state.p_prev, state.h_p_prev = p_rows[last], _np(h_t[last] if hidden else None)
+        state.p_prev, state.h_p_prev = p_rows[last], hidden_numpy(h_t[last] if hidden else None)
         stats.record_step(int(tree.depths.max()), len(accepted), str(action),
                           verifier.name if verifier is not None and action.tree_size else None)
         state.out.extend(new)

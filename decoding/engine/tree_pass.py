@@ -97,6 +97,11 @@ def forward_nodes(kv: KVState, tokens, positions: list[int], allowed: np.ndarray
     return logits, hidden
 
 
+def hidden_numpy(h: torch.Tensor | None) -> np.ndarray | None:
+    """Hidden states as float32 numpy on the CPU (the features' input); None stays None."""
+    return None if h is None else h.float().cpu().numpy()
+
+
 def prefill(kv: KVState, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Process a plain causal chunk (e.g. the prompt) after the cached slots; returns the last logits [V']."""
     start = len(kv)

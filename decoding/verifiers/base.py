@@ -21,8 +21,8 @@ from ..probability import acceptance
 from ..tree import DraftTree
 
 if TYPE_CHECKING:
-    from .delayed_labels import UnionContext
     from .ratios import RatioTable
+    from .union_context import UnionContext
 
 
 @runtime_checkable
@@ -31,7 +31,7 @@ class OTSolver(Protocol):
 
     ``children`` are the child TOKENS of the node (duplicates allowed, i.i.d. from q). Whenever they
     are i.i.d. from q, the emitted token is distributed as p. Besides sampling and the exact law, a
-    solver gives the label path (delayed_labels.branching_union_labels) two batched helpers that use
+    solver gives the label path (union_context.branching_union_labels) two batched helpers that use
     the same formulas as ``output_distribution`` (so they agree to rounding)."""
 
     name: str
@@ -71,7 +71,7 @@ class VerificationMethod(Protocol):
     """One entry of the registry ``decoding.verifiers.METHODS``.
 
     ``p_rows`` is ``[n, V]``: p(.|root+path(node)) for every node of the tree. The two label hooks
-    work on a whole union tree (union_tree.py; ``ctx``: delayed_labels.UnionContext, shared by the
+    work on a whole union tree (union_tree.py; ``ctx``: union_context.UnionContext, shared by the
     methods of one ``decoding.labels.union_labels`` call) and return ``[len(space)]`` arrays with NaN
     for actions the method does not support (``chains_only`` methods on branching trees)."""
 

@@ -42,7 +42,6 @@ import numpy as np
 from ..actions import Action
 from ..probability import as_float64
 from ..tree import DraftTree
-from .delayed_labels import UnionContext, per_action_labels
 from .gbv_numerics import NodeBuffers, excess, lexmax_at, ratio
 from .traversal import (
     traversal_expected_block_efficiency,
@@ -51,6 +50,7 @@ from .traversal import (
     traversal_verify,
 )
 from .traversal_union import delayed_traversal_labels, trunk_weights
+from .union_context import UnionContext, per_action_labels
 
 
 def ratio_keys(p: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Solvers: ``nss`` (emit y ~ p), ``naive_tree`` (speculative sampling on the first child),
 ``specinfer`` (multi-round sampling, q fixed), ``spectr`` (k-SEQ). Each implements the ``OTSolver``
-protocol (base.py), including the two batched helpers of the label path (delayed_labels.py):
+protocol (base.py), including the two batched helpers of the label path (union_context.py):
 - ``chain_acceptance(p_x, q_x)``: branching probability of the only child x of a one-child node
   (``min(1, p/q)`` from base.StandardChainSolver for all but nss, whose is ``p(x)``);
 - ``branch_weights(p, q, first_tokens, tables=None)``: for rows j, K = 1..Kmax and child positions
@@ -27,8 +27,8 @@ import numpy as np
 from ..probability import acceptance, as_float64, categorical
 from ..tree import DraftTree
 from .base import ChainRestricted, OTSolver, StandardChainSolver
-from .delayed_labels import UnionContext, branching_union_labels
 from .ratios import RatioTable
+from .union_context import UnionContext, branching_union_labels
 
 
 def first_occurrence(tokens: np.ndarray) -> np.ndarray:
@@ -255,7 +255,7 @@ class OTMethod(ChainRestricted):
     ``chains_only`` marks methods defined on chains (every node has <= 1 child), e.g. ``naive``.
     Labels: the exact DP of ALGORITHMS.md section 4 (``expected_block_efficiency``); on a union tree
     its factorized form from the solver's ``chain_acceptance`` and ``branch_weights``
-    (delayed_labels.branching_union_labels)."""
+    (union_context.branching_union_labels)."""
 
     name: str
     solver: OTSolver

@@ -25,11 +25,11 @@ from ..errors import UserInputError
 from ..tree import DraftTree
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
-from .delayed_labels import UnionContext, per_action_labels, repeated_verification
 from .gbv import GBVMethod
 from .khisti import KhistiSolver
 from .ot import OTMethod, make_ot_methods
 from .traversal_union import delayed_traversal_labels
+from .union_context import UnionContext, per_action_labels, repeated_verification
 
 
 class SubtreeLabelFn(Protocol):

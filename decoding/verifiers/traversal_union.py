@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .delayed_labels import UnionContext
 from .mass_numerics import residual_mass
 from .traversal import child_weight
+from .union_context import UnionContext
 
 CACHE_KEY = "traversal"  # UnionContext.cache key of the residual masses Z_n(r), keyed (n, r)
 

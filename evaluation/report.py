@@ -228,7 +228,7 @@ def headline(metrics: dict) -> str:
 
 def report_markdown(metrics: dict, figure_names: list[str]) -> str:
     u, s = metrics["units"], metrics["seconds"]
-    from data_collection.findings import markdown as findings_md
+    from evaluation.claims import markdown as findings_md
 
     fig = {Path(n).stem: f"figures/{Path(n).name}" for n in figure_names}
     img = lambda key, alt: f"![{alt}]({fig[key]})" if key in fig else ""  # noqa: E731

@@ -1,11 +1,12 @@
-"""The findings of the evaluate stage (data_collection/findings.py) on hand-made label tables."""
+"""The findings of the evaluate stage (evaluation/claims.py) on hand-made label tables."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from data_collection.findings import (
+from decoding.actions import Action, ActionSpace
+from evaluation.claims import (
     claim_delay,
     claim_depth,
     claim_root_branching,
@@ -16,7 +17,6 @@ from data_collection.findings import (
     headline,
     markdown,
 )
-from decoding.actions import Action, ActionSpace
 
 SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))  # K 1-2, L1 0-2, L2 0-2
 CHAIN_ACC = [0.9, 0.7, 0.5, 0.4]  # a_d of the chain (1,1,0), (1,2,0), (1,2,1), (1,2,2)

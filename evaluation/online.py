@@ -10,7 +10,7 @@ Terms:
   chain's labels are those of a collected OT method on K = 1 chains (standard speculative sampling;
   `findings.chain_source`).
 - *adaptive chain* (`ADAPTIVE_CHAIN`): ``naive`` chains whose length follows a moving average of recent
-  accepted lengths (`decoding.selector.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
+  accepted lengths (`decoding.policy.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
   static length, at most the grid's longest chain.
 - the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
   latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
@@ -29,18 +29,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from decoding import throughput
-from decoding.actions import Action, ActionSpace
+from decoding.actions import AR_ACTION, AUTOREGRESSIVE, ActionSpace
 from decoding.latency import LatencyModel
 from decoding.sampling import Sampling
 
-from .findings import chain_source
+from .claims import chain_source
 
-AUTOREGRESSIVE = "autoregressive"
 CHAIN = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
 BEST_STATIC = "best_static"
 CHAIN_METHOD = "naive"
-AR_ACTION = Action(1, 0, 0)
 
 
 @dataclass
@@ -48,16 +46,13 @@ class EvalPolicy:
     name: str  # metrics key: autoregressive | chain | static:<method> | selector:auto | selector:<method>
     kind: str  # autoregressive | chain | static | selector
     method: str  # the decoder's method argument (a selector's Choice overrides it per step)
-    policy: object  # an Action or a selector (decoding.selector protocol)
+    policy: object  # an Action or a selector (decoding.policy protocol)
     action: str | None = None  # the static action, "K,L1,L2"
 
 
 def step_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray) -> np.ndarray:
     """``[N, A]`` T(c, a) of a static policy (no feature cost) at each root's context length."""
-    ctx = np.asarray(context_length, dtype=np.int64)
-    uniq, inv = np.unique(ctx, return_inverse=True)
-    rows = np.stack([latency.step_seconds(int(c), space) for c in uniq]) if uniq.size else np.zeros((0, len(space)))
-    return rows[inv]
+    return latency.step_seconds_matrix(context_length, space)
 
 
 def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpace, methods: Sequence[str],
@@ -79,7 +74,7 @@ def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpac
 
 def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]]) -> EvalPolicy:
     """The adaptive chain over the grid's chains (``K = 1, L2 = 0``), started at the best static chain's length."""
-    from decoding.selector import AdaptiveChain
+    from decoding.policy import AdaptiveChain
 
     lengths = [a.L1 for a in space if a.is_chain and a.tree_size > 0]
     if not lengths:
