@@ -35,6 +35,12 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype in _PACK_DTYPES and torch.backends.mkldnn.is_available()
 
 
+def _version(t: torch.Tensor) -> int:
+    """In-place update counter of ``t``; -1 for an inference tensor (made under ``torch.inference_mode``,
+    which keeps no counter)."""
+    return -1 if t.is_inference() else t._version
+
+
 class PackedLinear(nn.Module):
     """An ``nn.Linear`` whose weight is prepacked once for oneDNN (inference); same parameters, same result."""
 
@@ -51,7 +57,7 @@ class PackedLinear(nn.Module):
         """(Re)build the packed copy from the current weight."""
         with torch.no_grad():
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-        self._packed_version = self.weight._version
+        self._packed_version = _version(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad or
@@ -59,7 +65,7 @@ class PackedLinear(nn.Module):
             return nn.functional.linear(x, self.weight, self.bias)
         if x.device.type != "cpu" or x.dtype not in _PACK_DTYPES:
             return nn.functional.linear(x, self.weight, self.bias)
-        if self.weight._version != self._packed_version:
+        if _version(self.weight) != self._packed_version:
             self.repack()
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, bias, "none", [], "")
