@@ -1,10 +1,16 @@
 """Engine benchmark -> benchmarks/results/engine.json.
 
-1. Tree pass overhead: one target pass over a tree of n tokens (ancestor mask, positions by depth) vs a
-   plain causal forward of n tokens, both on the same cached context (target: ratio <= 1.3 at n = 40).
-2. Our autoregressive loop vs transformers ``generate`` (greedy, same token count): tokens/s ratio
-   (target >= 0.9).
-3. Block efficiency and tokens/s of every method with a static action vs autoregressive sampling on the
+The pair is loaded as every stage loads it (`models.loading.load_pair`: on CPU every linear prepacked,
+models/fast_path.py); "stock" is a deep copy with plain ``nn.Linear`` modules (the path before packing).
+1. ``linear_candidates``: the kernels tried for one linear layer (benchmarks/engine_parts.py);
+2. ``pass_ratio``: a target pass over n tree tokens / one plain decode step at context 256, n = 1..16,
+   packed and stock (goal: <= 1.15 for n <= 4, <= 1.4 for n = 8);
+3. ``step_split``: one decode step's parts (action 2,2,3, context 256), packed and stock;
+4. ``draft_vs_target``: draft step / target step (the configured self-draft; untrained when its
+   artifact is not built: same shapes, same cost);
+5. ``autoregressive_vs_hf``: our greedy autoregressive loop vs transformers ``generate`` on the same
+   (packed) weights and on the stock weights (goal >= 1.3x);
+6. block efficiency and tokens/s of every method with a static action vs autoregressive sampling on the
    default pair, at T = 1.0 and T = 0.6.
 
 The default draft is the trained self-draft (``model.draft`` of params.yaml); when its artifact does not
@@ -23,15 +29,14 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from benchmarks.engine_parts import linear_candidates, pass_ratios, step_split
+from data_collection.profile import step_times
 from decoding.actions import Action, parse_action
 from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
-from decoding.engine.cache import KVState
-from decoding.engine.tree_pass import causal_allowed, forward_nodes, target_tree_pass
+from decoding.files import write_json_atomic
 from decoding.sampling import Sampling
-from decoding.tree import build_tree
 from decoding.verifiers import METHODS
 
 RESULTS = Path(__file__).parent / "results" / "engine.json"
@@ -57,7 +62,7 @@ def load_default_pair(noise: float):
         draft_note = (f"STAND-IN: copy of the target with noise {noise} x std on its last layer's MLP (as costly "
                       f"as the target, so tokens/s cannot beat autoregressive; block efficiency is meaningful). "
                       f"{cfg.model.draft} unavailable: {str(e).splitlines()[0][:160]}")
-    return pair, draft.eval(), draft_note
+    return cfg, pair, draft.eval(), draft_note
 
 
 def noisy_draft(target: torch.nn.Module, noise: float = 0.5, seed: int = 0) -> torch.nn.Module:
@@ -70,7 +75,9 @@ def noisy_draft(target: torch.nn.Module, noise: float = 0.5, seed: int = 0) -> t
     with torch.no_grad():
         for p in draft.model.layers[-1].mlp.parameters():
             p.add_(noise * p.std() * torch.randn(p.shape, generator=gen).to(p))
-    return draft.eval()
+    from models.fast_path import prepare_for_inference
+
+    return prepare_for_inference(draft.eval())  # a deep copy is unpacked: pack it like a loaded model
 
 
 def _median_time(fn, reps: int) -> float:
@@ -85,62 +92,52 @@ def _median_time(fn, reps: int) -> float:
 
 
 @torch.inference_mode()
-def tree_pass_overhead(model, context: list[int], sizes: list[int], reps: int) -> list[dict]:
-    """Median seconds of a tree pass of n tokens vs a plain forward of n tokens on the same context."""
-    kv = KVState(model)
-    forward_nodes(kv, context, list(range(len(context))), causal_allowed(0, len(context)))
-    ctx = len(kv)
-    cache_kw = {kv._kwarg: kv.cache}
-    out = []
-    rng = np.random.default_rng(0)
-    for n in sizes:
-        # a delayed tree with n - 1 draft nodes: K = 4 rollouts after a trunk of the rest
-        l2 = max(1, (n - 1) // 8)
-        action = Action(4, n - 1 - 4 * l2, l2)
-        tokens = rng.integers(10, 1000, size=n)
-        tokens[0] = -1
-        tree = build_tree(action, tokens, np.zeros((n, 1)))
-        ids = torch.as_tensor(rng.integers(10, 1000, size=(1, n)), device=kv.device)
-        pos = torch.arange(ctx, ctx + n, device=kv.device)[None]
-
-        def plain(ids=ids, pos=pos):
-            model(input_ids=ids, position_ids=pos, use_cache=True, **cache_kw)
-            kv.crop(ctx)
-
-        def tree_pass(tree=tree):
-            target_tree_pass(kv, 7, tree)
-            kv.crop(ctx)
-
-        plain(), tree_pass()  # warm-up
-        t_plain, t_tree = _median_time(plain, reps), _median_time(tree_pass, reps)
-        out.append({"n": n, "action": str(action), "context": ctx, "plain_ms": 1e3 * t_plain,
-                    "tree_ms": 1e3 * t_tree, "overhead_ratio": t_tree / t_plain})
-        print(f"tree pass n={n}: plain {1e3 * t_plain:.1f} ms, tree {1e3 * t_tree:.1f} ms, "
-              f"ratio {t_tree / t_plain:.3f}", flush=True)
-    return out
-
-
-@torch.inference_mode()
-def ar_vs_hf(pair, prompt_ids: list[int], new_tokens: int, reps: int) -> dict:
-    """Greedy tokens/s of our autoregressive loop and of HF generate (EOS disabled, same length)."""
+def ar_vs_hf(pair, stock, prompt_ids: list[int], new_tokens: int, reps: int) -> dict:
+    """Greedy tokens/s of our autoregressive loop (packed pair) and of HF generate on the same packed
+    weights and on the ``stock`` copy (EOS disabled, same length); ratios = HF time / our time."""
     decoder = SpeculativeDecoder(pair.target, None, pair.vocab_size)
     ids = torch.tensor([prompt_ids], device=pair.device)
 
     def ours():
         return decoder.generate(prompt_ids, new_tokens, AUTOREGRESSIVE, sampling=Sampling(0.0)).tokens
 
-    def hf():
-        out = pair.target.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)
+    def hf(model):
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
         return out[0, len(prompt_ids):].tolist()
 
-    same = ours() == hf()  # warm-up, and the greedy outputs must agree
-    t_ours, t_hf = _median_time(ours, reps), _median_time(hf, reps)
-    res = {"new_tokens": new_tokens, "ours_tok_s": new_tokens / t_ours, "hf_generate_tok_s": new_tokens / t_hf,
-           "ratio": t_hf / t_ours, "greedy_tokens_identical": same}
-    print(f"autoregressive: ours {res['ours_tok_s']:.1f} tok/s, HF generate {res['hf_generate_tok_s']:.1f} tok/s, "
-          f"ratio {res['ratio']:.3f}, identical {same}", flush=True)
+    mine = ours()  # warm-up, and the greedy outputs must agree
+    same = mine == hf(pair.target) and mine == hf(stock)
+    times = {"ours": [], "hf_packed": [], "hf_stock": []}
+    for _ in range(reps):  # interleaved: load from other processes hits all three alike
+        for name, fn in (("ours", ours), ("hf_packed", lambda: hf(pair.target)), ("hf_stock", lambda: hf(stock))):
+            times[name].append(_median_time(fn, 1))
+    t = {k: statistics.median(v) for k, v in times.items()}
+    res = {"new_tokens": new_tokens, "ours_tok_s": new_tokens / t["ours"],
+           "hf_generate_packed_tok_s": new_tokens / t["hf_packed"], "hf_generate_stock_tok_s": new_tokens / t["hf_stock"],
+           "ratio_vs_hf_same_weights": t["hf_packed"] / t["ours"], "ratio_vs_hf_stock": t["hf_stock"] / t["ours"],
+           "greedy_tokens_identical": same}
+    print(f"autoregressive: ours {res['ours_tok_s']:.1f} tok/s, HF generate {res['hf_generate_packed_tok_s']:.1f} "
+          f"(same packed weights) / {res['hf_generate_stock_tok_s']:.1f} (stock) tok/s; ratios "
+          f"{res['ratio_vs_hf_same_weights']:.2f}x / {res['ratio_vs_hf_stock']:.2f}x, identical {same}", flush=True)
     return res
+
+
+def timing_drafts(cfg, pair, stock):
+    """``(packed draft, stock draft, note)`` for the step timings: the loaded self-draft when its artifact
+    exists, else an untrained one of the configured shape (same shapes, same kernels, same cost)."""
+    from models.fast_path import prepare_for_inference
+    from models.self_draft import SelfDraft, SelfDraftConfig
+
+    if isinstance(pair.draft, SelfDraft):
+        config, note = copy.deepcopy(pair.draft.config_draft), cfg.model.draft
+    else:
+        td = cfg.train_draft
+        config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
+                                 vocab_subset_size=td.vocab_subset_size)
+        note = f"untrained self-draft, train_draft shape (layers {td.layers}, width {td.adapter_width})"
+    packed = pair.draft if isinstance(pair.draft, SelfDraft) else prepare_for_inference(SelfDraft(pair.target, config).eval())
+    return packed, SelfDraft(stock, copy.deepcopy(config)).eval(), note
 
 
 def methods_table(pair, draft, prompts: list[list[int]], new_tokens: int, temperatures: list[float],
@@ -178,39 +175,55 @@ def main() -> None:
     parser.add_argument("--tree-action", default="2,2,3")
     parser.add_argument("--chain-action", default="1,4,0")
     parser.add_argument("--methods", default=",".join(sorted(METHODS)))
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: tree,ar,methods")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: linear,pass,split,draft,ar,methods")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = model.threads)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
-    reps = 3 if args.quick else 7
-    pair, draft, draft_note = load_default_pair(args.stand_in_noise)
+    reps = 3 if args.quick else 9
+    cfg, pair, draft, draft_note = load_default_pair(args.stand_in_noise)
+    torch.set_num_threads(args.threads or cfg.model.threads)
+    stock = copy.deepcopy(pair.target)  # deep copies of PackedLinear are plain nn.Linear: the stock path
     tok = pair.tokenizer
     enc = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
            for p in PROMPTS]
     prompts = [list(e["input_ids"] if hasattr(e, "keys") else e) for e in enc]
+    context = (prompts[0] * (256 // len(prompts[0]) + 1))[:256]
     result = {
         "machine": {"platform": platform.platform(), "device": str(pair.device), "threads": torch.get_num_threads(),
-                    "load_average_at_start": os.getloadavg()[0],
-                    "torch": torch.__version__},
+                    "load_average_at_start": os.getloadavg()[0], "torch": torch.__version__},
         "pair": {"target": pair.target_spec, "draft": draft_note, "dtype": str(pair.dtype)},
     }
     if RESULTS.exists():  # keep parts not re-run
         old = json.loads(RESULTS.read_text())
-        result.update({k: v for k, v in old.items()
-                       if k in ("tree_pass", "autoregressive_vs_hf", "methods") or k.startswith("methods_")})
-    if "tree" not in skip:
-        result["tree_pass"] = tree_pass_overhead(pair.target, prompts[0] * 2, [8, 20, 40], reps)
+        result.update({k: v for k, v in old.items() if k not in result})
+    if "linear" not in skip:
+        result["linear_candidates"] = linear_candidates(stock, [1, 2, 4, 8, 16], reps * 2)
+    if "pass" not in skip:
+        result["pass_ratio"] = pass_ratios({"packed": pair.target, "stock": stock}, context, list(range(1, 17)),
+                                           reps)
+    packed_draft, stock_draft, timing_note = timing_drafts(cfg, pair, stock)
+    if "split" not in skip:
+        action = parse_action(args.tree_action)
+        result["step_split"] = {"action": str(action), "context": len(context),
+                                "packed": step_split(pair.target, packed_draft, pair.vocab_size, context, action, reps),
+                                "stock": step_split(stock, stock_draft, pair.vocab_size, context, action, reps)}
+        print("step split (ms): " + json.dumps(result["step_split"]), flush=True)
+    if "draft" not in skip:
+        result["draft_vs_target"] = {"draft": timing_note,
+                                     "packed": step_times(pair.target, packed_draft, context, pair.vocab_size, reps * 2),
+                                     "stock": step_times(stock, stock_draft, context, pair.vocab_size, reps * 2)}
+        print("draft step / target step: packed {:.3f}, stock {:.3f}".format(
+            *(result["draft_vs_target"][k]["step_time_ratio"] for k in ("packed", "stock"))), flush=True)
+    del stock_draft
     if "ar" not in skip:
-        result["autoregressive_vs_hf"] = ar_vs_hf(pair, prompts[0], 16 if args.quick else 48, max(2, reps // 2))
+        result["autoregressive_vs_hf"] = ar_vs_hf(pair, stock, prompts[0], 16 if args.quick else 48, max(3, reps // 2))
+    del stock
     if "methods" not in skip:
         methods = [m for m in args.methods.split(",") if m]
         result["methods"] = methods_table(pair, draft, prompts[:1] if args.quick else prompts,
                                           16 if args.quick else 48, [1.0, 0.6], parse_action(args.tree_action),
                                           parse_action(args.chain_action), methods)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_json_atomic(RESULTS, result)
     print(f"wrote {RESULTS}")
 
 

@@ -119,7 +119,7 @@ def position_stats(
     with p and q after the sampling transform (T, then ``top_p``; T = 0 is greedy: one-hot rows).
 
     Both models see the whole sequence (prompt + continuation) in one forward; the draft through its
-    ordinary call (`forward`), so an int8 / vocabulary-subset draft is measured as it decodes.
+    ordinary call (`forward`), so a prepacked / vocabulary-subset draft is measured as it decodes.
     """
     device = next(target.parameters()).device
     out = {t: PositionStats() for t in temperatures}

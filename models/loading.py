@@ -211,7 +211,8 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: Path = DEFAULT_CACHE_DIR,
                device_map: str | None = None):
-    """A causal LM in eval mode; sdpa attention (tree masks are additive floats).
+    """A causal LM in eval mode; sdpa attention (tree masks are additive floats); on CPU its linear layers
+    prepacked once (`models.fast_path.prepare_for_inference`; nothing changes on CUDA).
 
     ``device_map=None`` puts the whole model on ``device``. ``device_map="auto"`` (or another of
     ``DEVICE_MAPS``) lets accelerate spread the layers over every visible GPU, then CPU memory, for
@@ -226,7 +227,11 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: P
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa", **extra)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load model {spec!r} from {folder!r}: {_first_line(e)}") from None
-    return (model if device_map is not None else model.to(device)).eval()
+    if device_map is not None:
+        return model.eval()
+    from models.fast_path import prepare_for_inference
+
+    return prepare_for_inference(model.to(device).eval())
 
 
 def eos_ids(tokenizer, model) -> list[int]:

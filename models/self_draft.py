@@ -2,8 +2,9 @@
 
 Terms used here:
 
-- *shared layers*: the target's embedding and its first ``k`` decoder layers, used as they are (fp32) or as
-  int8 copies (``int8=True``). Nothing of them is saved in the artifact.
+- *shared layers*: the target's embedding and its first ``k`` decoder layers, the very same modules (on
+  CPU already prepacked by `models.fast_path` with the target, so packed once). Nothing of them is saved
+  in the artifact.
 - *adapter*: a residual MLP on the hidden state after layer ``k``,
   ``h + W2 silu(W1 rmsnorm(h))`` (width = rows of W1), trained by distillation (models/draft_training.py).
 - *vocabulary subset* S (FR-Spec style): the ``N`` token ids the draft head scores, ranked by expected
@@ -29,7 +30,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -55,7 +55,6 @@ class SelfDraftConfig:
     layers: int  # k: target layers the draft reuses
     adapter_width: int  # hidden width of the residual MLP adapter
     vocab_subset_size: int  # N: tokens the draft head scores (FR-Spec); 0 = whole vocabulary
-    int8: bool  # run the draft path (shared layers, adapter, head) with int8 dynamic-quantized weights
     hidden_size: int = 0  # filled from the target
     vocab_size: int = 0  # the target's output vocabulary (rows of its LM head)
     target_fingerprint: dict | None = None  # see `target_fingerprint`
@@ -164,7 +163,6 @@ class SelfDraft(nn.Module):
         self.config = copy.deepcopy(target.config)  # HF-style config: DynamicCache(config=draft.config) works
         self.config.num_hidden_layers = self.k
         self._target_head = target.get_output_embeddings()
-        self._fast = None  # int8 copy of the draft path, built by `quantize_`
         for p in list(self.embed_tokens.parameters()) + list(self.layers.parameters()):
             p.requires_grad_(False)
 
@@ -184,30 +182,9 @@ class SelfDraft(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.head.weight.dtype
 
-    # --- int8 -----------------------------------------------------------------------------------------------
-    def quantize_(self) -> SelfDraft:
-        """Build int8 dynamic-quantized copies of the layers, adapter and head used by `forward` (CPU only).
-
-        Every linear layer gets int8 weights except the shared layers' MLP ``down_proj``: its input (the
-        gated SiLU product) has outlier activations that per-tensor dynamic int8 quantization distorts
-        (measured: test acceptance 0.28 with it quantized, 0.34 without, 0.355 all fp32). The fp32 modules
-        stay (training uses them); the int8 copies are not trained.
-        """
-        if self.device.type != "cpu":
-            return self
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
-
-            path = nn.ModuleDict({"layers": self.layers, "adapter": self.adapter, "head": self.head})
-            spec = {name: default_dynamic_qconfig for name, mod in path.named_modules()
-                    if isinstance(mod, nn.Linear) and not name.endswith("mlp.down_proj")}
-            self._fast = [quantize_dynamic(copy.deepcopy(path), spec, dtype=torch.qint8).eval()]
-        return self
-
     # --- forward ------------------------------------------------------------------------------------------
-    def hidden_after_layers(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True,
-                            layers=None) -> torch.Tensor:
+    def hidden_after_layers(self, input_ids, attention_mask=None, position_ids=None, cache=None,
+                            use_cache=True) -> torch.Tensor:
         """Hidden states after the k shared layers: [B, n, H]; updates ``cache`` for those layers."""
         h = self.embed_tokens(input_ids)  # [B, n, H]
         n = input_ids.shape[1]
@@ -216,17 +193,17 @@ class SelfDraft(nn.Module):
             position_ids = torch.arange(past, past + n, device=h.device).unsqueeze(0)  # [1, n]
         mask = _additive_mask(attention_mask, n, past, h.dtype, h.device)  # None or [B|1, 1, n, past+n]
         pos_emb = self.rotary_emb(h, position_ids=position_ids)
-        for layer in self.layers if layers is None else layers:
+        for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=use_cache,
                       position_embeddings=pos_emb)
         return h
 
-    def head_logits(self, h: torch.Tensor, adapter=None, head=None, return_hidden: bool = False):
+    def head_logits(self, h: torch.Tensor, return_hidden: bool = False):
         """Subset logits [..., N] from hidden states after layer k [..., H] (and the normed hidden state).
         (On a target split over GPUs the shared layers and the adapter/head may sit on different devices:
         the hidden states follow the adapter; a no-op on one device.)"""
-        h = self.final_norm((self.adapter if adapter is None else adapter)(h.to(self.device)))  # [..., H]
-        z = (self.head if head is None else head)(h.to(self.device))
+        h = self.final_norm(self.adapter(h.to(self.device)))  # [..., H]
+        z = self.head(h.to(self.device))
         return (z, h) if return_hidden else z
 
     def subset_logits(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
@@ -237,11 +214,8 @@ class SelfDraft(nn.Module):
             from transformers import DynamicCache
 
             cache = DynamicCache()
-        fast = self._fast[0] if self._fast is not None and not self.training else None
-        h = self.hidden_after_layers(input_ids, attention_mask, position_ids, cache, use_cache,
-                                     layers=fast["layers"] if fast is not None else None)
-        parts = (fast["adapter"], fast["head"]) if fast is not None else (None, None)
-        z, last = self.head_logits(h, *parts, return_hidden=True)
+        h = self.hidden_after_layers(input_ids, attention_mask, position_ids, cache, use_cache)
+        z, last = self.head_logits(h, return_hidden=True)
         return (z, cache, (h, last)) if output_hidden_states else (z, cache)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
@@ -318,12 +292,12 @@ def read_artifact_config(folder: str | Path) -> SelfDraftConfig:
     return SelfDraftConfig(**{k: v for k, v in raw.items() if k in known})
 
 
-def load_self_draft(target: nn.Module, folder: str | Path, int8: bool | None = None) -> SelfDraft:
-    """The draft stored in ``folder`` on top of ``target`` (fingerprint-checked), in eval mode.
-
-    ``int8`` overrides the artifact's setting (None = as trained).
-    """
+def load_self_draft(target: nn.Module, folder: str | Path) -> SelfDraft:
+    """The draft stored in ``folder`` on top of ``target`` (fingerprint-checked), in eval mode and on
+    its device's fastest exact path (`models.fast_path.prepare_for_inference`; shared layers packed once)."""
     from safetensors.torch import load_file
+
+    from models.fast_path import prepare_for_inference
 
     folder = Path(folder)
     config = read_artifact_config(folder)
@@ -337,7 +311,4 @@ def load_self_draft(target: nn.Module, folder: str | Path, int8: bool | None = N
         raise SelfDraftError(f"{folder}: adapter weights do not match its config: {e}") from None
     with torch.no_grad():
         draft.head.bias.copy_(state["logit_bias"])
-    draft.eval()
-    if config.int8 if int8 is None else int8:
-        draft.quantize_()
-    return draft
+    return prepare_for_inference(draft.eval())

@@ -127,7 +127,6 @@ class TrainDraftConfig:
     layers: int = 6  # target layers the draft reuses (k)
     adapter_width: int = 2048  # hidden width of the residual MLP adapter on layer k's hidden state
     vocab_subset_size: int = 16384  # FR-Spec draft vocabulary (0 = whole vocabulary); q = 0 outside it
-    int8: bool = True  # int8 dynamic-quantized weights on the draft path (CPU)
     # distillation data: teacher forcing the DRAFT split's trajectories (stage trajectories)
     top_k: int = 64  # target probabilities kept per position (never full-vocabulary rows)
     forward_batch_size: int = 8  # sequences per teacher-forced forward

@@ -2,13 +2,13 @@
 
 Reads: params ``model.*`` (the pair, device, dtype, ``model.threads``), ``sampling.*`` (the row transform
 that is timed with each forward), ``decode.prompt`` (the context tokens), ``profile.*`` (the grid), and
-``train_draft.{layers, adapter_width, vocab_subset_size, int8}``. Writes ``profile.out``
+``train_draft.{layers, adapter_width, vocab_subset_size}``. Writes ``profile.out``
 (artifacts/latency.json): the `decoding.latency.LatencyModel` tables, the feature cost, and the machine,
 versions and settings they were measured with. Every later stage loads it with ``LatencyModel.load``.
 
 The profile does not need the trained draft: when ``model.draft`` is ``self_draft:<folder>`` and the
 folder does not exist yet, an untrained `SelfDraft` built from the ``train_draft`` config (same layers,
-adapter width, vocabulary subset size, int8) is timed instead. Its step time does not depend on the
+adapter width, vocabulary subset size), prepacked like a loaded one, is timed instead. Its step time does not depend on the
 weights (same shapes, same kernels), so the profile can run before, and independently of, train_draft.
 """
 
@@ -41,19 +41,18 @@ def load_profiled_pair(cfg):
     if scheme != "self_draft" or Path(folder).exists():
         pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.device_map)
         return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
+    from models.fast_path import prepare_for_inference
     from models.self_draft import SelfDraft, SelfDraftConfig, target_fingerprint
 
     td = cfg.train_draft
     tokenizer = load_tokenizer(m.target, m.cache_dir)
     target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir, m.device_map)
     config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
-                             vocab_subset_size=td.vocab_subset_size, int8=td.int8,
+                             vocab_subset_size=td.vocab_subset_size,
                              target_fingerprint=target_fingerprint(target))
-    draft = SelfDraft(target, config).eval()
-    if td.int8:
-        draft.quantize_()
+    draft = prepare_for_inference(SelfDraft(target, config).eval())
     source = (f"untrained self-draft (train_draft config: layers {td.layers}, adapter_width {td.adapter_width}, "
-              f"vocab_subset_size {td.vocab_subset_size}, int8 {td.int8}); {folder} not built yet")
+              f"vocab_subset_size {td.vocab_subset_size}); {folder} not built yet")
     return target, draft, common_vocab_size(target, draft, tokenizer), tokenizer, source
 
 

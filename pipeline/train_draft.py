@@ -47,7 +47,7 @@ def self_draft_config(td, vocab_subset_size: int, fingerprint: dict):
     from models.self_draft import SelfDraftConfig
 
     return SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width, vocab_subset_size=vocab_subset_size,
-                           int8=td.int8, target_fingerprint=fingerprint)
+                           target_fingerprint=fingerprint)
 
 
 def load_split_trajectories(cfg, target) -> dict[str, list]:
