@@ -33,12 +33,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import UserInputError
-from .policy import RootFeatures
+from .sampling import Sampling
 
 if TYPE_CHECKING:  # pragma: no cover
     from .latency import LatencyModel
 
 EPS = 1e-10  # floor of the second argument of a KL divergence
+
+
+@dataclass
+class RootFeatures:
+    """What a selector may look at when choosing the action of a step (numpy arrays only)."""
+
+    context_length: int  # tokens before the root (prompt + emitted so far, root excluded)
+    sampling: Sampling
+    p_prev: np.ndarray | None  # [V] p(.|context): target row from the last target pass (None before any)
+    q_prev: np.ndarray | None = None  # [V] q(.|context): draft row at the token before the root
+    q_root: np.ndarray | None = None  # [V] q(.|context + root) (None when the draft has not run)
+    h_p_prev: np.ndarray | None = None  # [H_p] target last-layer hidden state at the token before the root
+    h_q_prev: np.ndarray | None = None  # [H_q] draft last-layer hidden state at the token before the root
+    h_q_root: np.ndarray | None = None  # [H_q] ... at the root
 
 
 @dataclass(frozen=True)

@@ -27,21 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .actions import Action
-from .sampling import Sampling
-
-
-@dataclass
-class RootFeatures:
-    """What a selector may look at when choosing the action of a step (numpy arrays only)."""
-
-    context_length: int  # tokens before the root (prompt + emitted so far, root excluded)
-    sampling: Sampling
-    p_prev: np.ndarray | None  # [V] p(.|context): target row from the last target pass (None before any)
-    q_prev: np.ndarray | None = None  # [V] q(.|context): draft row at the token before the root
-    q_root: np.ndarray | None = None  # [V] q(.|context + root) (None when the draft has not run)
-    h_p_prev: np.ndarray | None = None  # [H_p] target last-layer hidden state at the token before the root
-    h_q_prev: np.ndarray | None = None  # [H_q] draft last-layer hidden state at the token before the root
-    h_q_root: np.ndarray | None = None  # [H_q] ... at the root
+from .features import RootFeatures  # re-exported: the raw features live with the feature schema
 
 
 @dataclass(frozen=True)
