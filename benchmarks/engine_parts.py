@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 import torch
-from decoding.engine.rows import prob_rows
+from decoding.engine.torch_sampling import prob_rows
 from torch import nn
 
 from decoding.actions import Action

@@ -10,7 +10,7 @@ import pytest
 from selector_helpers import random_inputs, random_selector
 from tiny_models import save_tiny_model
 
-TINY_HIDDEN = 32  # models.tiny's default hidden size
+TINY_HIDDEN = 32  # tests/tiny_models.py's default hidden size
 
 
 @pytest.fixture(scope="module")

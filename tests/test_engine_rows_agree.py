@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from decoding.engine.rows import prob_rows
+from decoding.engine.torch_sampling import prob_rows
 
 import decoding.engine.drafting as drafting
 from data_collection.collect import RootCollector

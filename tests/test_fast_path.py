@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from models.tiny import TINY_VOCAB, tiny_lm
+from tiny_models import TINY_VOCAB, tiny_lm
 from torch import nn
 from transformers import DynamicCache
 
