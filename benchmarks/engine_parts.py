@@ -19,12 +19,12 @@ import warnings
 
 import numpy as np
 import torch
-from decoding.engine.torch_sampling import prob_rows
 from torch import nn
 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
+from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import (
     attention_mask,
     causal_allowed,

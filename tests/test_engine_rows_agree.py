@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from decoding.engine.torch_sampling import prob_rows
 
 import decoding.engine.drafting as drafting
 from data_collection.collect import RootCollector
 from decoding.engine import SpeculativeDecoder
+from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import target_tree_pass
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree
