@@ -52,7 +52,7 @@ def draft_threshold_chain(kv, root_slot: int, q_root: np.ndarray, max_length: in
     """Draft the rule's chain below the root (the last slot of the draft cache ``kv``); returns a
     `decoding.engine.drafting.DraftedTree` whose action is the realized chain ``(1, n, 0)``."""
     from .engine.drafting import DraftedTree
-    from .engine.rows import prob_rows
+    from .engine.torch_sampling import prob_rows
     from .engine.tree_pass import forward_nodes
 
     if root_slot != len(kv) - 1:

@@ -169,9 +169,10 @@ class SpeculativeDecoder:
         if action.tree_size:
             if q_root is None:
                 q_root, h_q_root = self.draft_root(state, sampling, hidden)
-            drafted = draft_tree(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
-                                 hidden, h_q_root)
-            tree, node_slots = drafted.tree, drafted.node_slots
+            drafter = getattr(policy, "draft_tree", None) or draft_tree  # a policy may draft its own tree
+            drafted = drafter(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
+                              hidden, h_q_root)
+            tree, node_slots, action = drafted.tree, drafted.node_slots, drafted.tree.action  # the realized shape
             stats.time_draft += clock.lap()
         else:
             tree, node_slots = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1))), {}
