@@ -11,7 +11,8 @@ MLflow run tagged ``stage=evaluate``. Steps:
 2. policies: autoregressive, chain, the adaptive chain, the threshold chain (N and threshold tuned on
    ``evaluate.tune_prompts`` TRAIN prompts, `tuned_threshold_chain`), each method's best static (the one of the highest
    TRAIN TPS is ``best_static``, the hardware-aware best static tree), the selector (``auto`` and restricted to each
-   of ``evaluate.selector_methods``; `export.runtime.SelectorRuntime`, priced with ``profile.out``);
+   of ``evaluate.selector_methods``; `export.cascade.load_selector`: a `SelectorRuntime` or a two-stage
+   `CascadeRuntime`, priced with ``profile.out``);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
 4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive, Traversal's
    best static, the best static and the adaptive chain (flat ``selector_vs_*`` keys with ``_lo`` / ``_hi``) (`evaluation.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
@@ -103,17 +104,17 @@ def build_policies(cfg, statics, space, with_selector: bool):
         policies.append(adaptive_chain_policy(space, statics))
     runtime = None
     if with_selector:
-        from export.runtime import SelectorRuntime
+        from export.cascade import load_selector
 
         latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
-        runtime = SelectorRuntime(cfg.export.out, latency=latency)
+        runtime = load_selector(cfg.export.out, latency=latency)  # a selector or a two-stage cascade
         policies.append(EvalPolicy("selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}", "selector",
                                    runtime.methods[0], runtime))
         if runtime.auto:
             for m in cfg.evaluate.selector_methods or runtime.methods:
                 if m in runtime.methods:
                     policies.append(EvalPolicy(f"selector:{m}", "selector", m,
-                                               SelectorRuntime(cfg.export.out, latency=latency, methods=[m])))
+                                               load_selector(cfg.export.out, latency=latency, methods=[m])))
                 else:
                     print(f"evaluate: the selector does not predict {m!r} (it has {runtime.methods}); skipped")
     return policies, runtime
@@ -264,7 +265,7 @@ def run(cfg, args) -> int:
     primary = next((p.name for p in policies if p.kind == "selector"), None)  # auto, or its one method
     if runtime is not None:
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.schema.feature_set, "policy": primary}
+                               "feature_set": runtime.feature_set, "policy": primary}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     if primary in table and sel_offline is not None:  # the trained selector's offline ratio (TEST roots, stage train)
         table[primary]["offline"] = {"vs_autoregressive": sel_offline}
