@@ -118,3 +118,36 @@ def test_the_exported_cascade_decodes_with_no_draft_work_on_declined_steps(proje
         assert all(size > 0 for size, _ in per_step)  # stage 2 never declines once stage 1 speculates
     if temperature == 0.0 or folder == "declining":  # token-identical to autoregressive decoding
         assert res.tokens == dec.generate(prompt, 40, "autoregressive", sampling=sampling, seed=1).tokens
+
+
+@pytest.mark.slow  # three Lightning trainings and a collection: ~3-4 minutes on 2 shared cores
+def test_train_and_export_a_cascade_from_the_same_labels(tmp_path, monkeypatch):
+    """``train.feature_set=cascade`` trains both stages, ``export`` writes the cascade folder; a later single
+    selector replaces it (no stale stage left for export or the runtime)."""
+    from selector_helpers import build_collected, toy_latency
+
+    from export.cascade import CascadeRuntime, load_selector
+    from export.runtime import SelectorRuntime
+    from pipeline.cli import main
+
+    collected = build_collected(tmp_path / "data")
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    common = ["--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=1",
+              "--set", "train.method=auto", "--set", "train.baselines=[]", "--set", "train.out=sel",
+              "--set", "train.metrics=metrics/train.json", "--set", "export.out=onnx"]
+    assert main(["train", *common, "--set", "train.feature_set=cascade"]) == 0
+    metrics = json.loads((tmp_path / "metrics/train.json").read_text())
+    assert metrics["feature_set"] == "cascade" and list(metrics["stages"]) == ["stage1", "stage2"]
+    assert [metrics["stages"][s]["feature_set"] for s in ("stage1", "stage2")] == ["target_only", "paper"]
+    assert all(metrics["stages"][s]["test"]["tps"]["selector"] > 0 for s in ("stage1", "stage2"))
+    assert main(["export", "--no-mlflow", *common]) == 0
+    rt = load_selector(tmp_path / "onnx")
+    assert isinstance(rt, CascadeRuntime) and rt.stage1.feature_set == "target_only"
+    assert rt.stage2.feature_set == "paper" and rt.auto
+    assert main(["train", *common, "--set", "train.feature_set=target_only"]) == 0
+    assert not (tmp_path / "sel/stage1").exists()
+    assert main(["export", "--no-mlflow", *common]) == 0
+    assert isinstance(load_selector(tmp_path / "onnx"), SelectorRuntime)
+    assert not (tmp_path / "onnx/cascade.json").exists()
