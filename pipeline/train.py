@@ -242,9 +242,31 @@ def run(cfg, args) -> int:
             return rc
         stages[stage] = {"feature_set": fs, **json.loads(metrics_path.read_text())}
     write_json_atomic(tc.metrics, {"method": tc.method, "feature_set": CASCADE, "objective": tc.objective,
-                                   "stages": stages})
+                                   "cascade": cascade_offline(cfg), "stages": stages})
     print(f"train: cascade {CASCADE_STAGES} -> {tc.out}/{{{','.join(CASCADE_STAGES)}}}, {tc.metrics}")
     return 0
+
+
+def cascade_offline(cfg) -> dict:
+    """The trained cascade (``train.out/<stage>``) offline on the VAL and TEST roots (`pipeline.study.cascade_score`:
+    stage 1 declines or speculates, stage 2 picks the tree, both stages' costs charged)."""
+    from models.selector_network import load_selector
+    from models.selector_training import predict
+    from pipeline.study import cascade_score
+
+    parts = {}
+    for stage, fs in CASCADE_STAGES.items():
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, feature_set=fs))
+        data = training_data(c)[4]
+        net, _ = load_selector(Path(cfg.train.out) / stage)
+        parts[stage] = (net, data, data.subset(data.rows("train")).valid_outputs())
+    out = {}
+    for split in ("val", "test"):
+        (net1, d1, valid), (net2, d2, _) = parts["stage1"], parts["stage2"]
+        t1, t2 = d1.subset(d1.rows(split)), d2.subset(d2.rows(split))
+        if len(t1):
+            out[split] = cascade_score(predict(net1, t1), t1, predict(net2, t2), t2, valid)
+    return out
 
 
 def train_one(cfg, args) -> int:

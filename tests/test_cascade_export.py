@@ -142,6 +142,9 @@ def test_train_and_export_a_cascade_from_the_same_labels(tmp_path, monkeypatch):
     assert metrics["feature_set"] == "cascade" and list(metrics["stages"]) == ["stage1", "stage2"]
     assert [metrics["stages"][s]["feature_set"] for s in ("stage1", "stage2")] == ["target_only", "paper"]
     assert all(metrics["stages"][s]["test"]["tps"]["selector"] > 0 for s in ("stage1", "stage2"))
+    for split in ("val", "test"):  # the cascade itself, offline, both stages' costs charged
+        c = metrics["cascade"][split]
+        assert c["test_roots"] > 0 and 0 < c["selector_vs_oracle"] <= 1 + 1e-9 and 0 <= c["speculate_fraction"] <= 1
     assert main(["export", "--no-mlflow", *common]) == 0
     rt = load_selector(tmp_path / "onnx")
     assert isinstance(rt, CascadeRuntime) and rt.stage1.feature_set == "target_only"
