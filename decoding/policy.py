@@ -11,6 +11,10 @@ picks both; every method is lossless and the choice is made before drafting) and
   A selector that reads only target-side features sets it False: when it then declines to speculate
   (an action with an empty tree) the step is exactly one plain target step, and the draft catches up
   on the skipped tokens only when a later step drafts a tree.
+- ``refine(features) -> Action | Choice`` (optional, `Cascade`): when ``select`` (without the draft's features)
+  drafts a tree, the decoder runs the draft's root step and takes ``refine``'s answer instead.
+- ``draft_tree(...)`` (optional, `decoding.threshold_chain.ThresholdChain`): drafts the step's tree itself (a
+  tree whose shape follows the draft's own rows); the step records the drafted tree's action.
 
 This module is the whole protocol: the ONNX runtime (`export/runtime.py`), trained selectors and any
 heuristic implement it the same way. `RootFeatures` holds the raw features of ALGORITHMS.md section 5,
@@ -122,3 +126,32 @@ class AdaptiveChain:
 
     def __repr__(self) -> str:
         return f"AdaptiveChain(max_length={self.max_length}, initial={self.initial}, decay={self.decay})"
+
+
+class Cascade:
+    """The two-stage decision as a selector: ``stage1`` (target-side features only, ``needs_draft`` False) decides
+    at the root; when its action drafts a tree, the decoder runs the draft's root step and asks ``stage2``
+    (which may read ``q_root`` / ``q_prev`` / ``h_q_*``) through ``refine`` for the step's action and method.
+
+    Declining (stage 1's empty tree) is exactly one plain target step: no draft work. Lossless: stage 2 reads
+    only the root row, drafted before the tree and independent of the tree's tokens, so the shape is fixed
+    before its tree is drawn (the decoder's ``refine`` hook, `decoding.engine.generate`)."""
+
+    needs_draft = False
+
+    def __init__(self, stage1: Selector, stage2: Selector) -> None:
+        if needs_draft(stage1):
+            raise ValueError(f"Cascade: stage 1 ({type(stage1).__name__}) must read target-side features only "
+                             "(needs_draft False), so that declining costs no draft work")
+        self.stage1, self.stage2 = as_policy(stage1), as_policy(stage2)
+        self.needs_hidden_states = needs_hidden_states(self.stage1) or needs_hidden_states(self.stage2)
+
+    def select(self, features: RootFeatures) -> Action | Choice:
+        return self.stage1.select(features)
+
+    def refine(self, features: RootFeatures) -> Action | Choice:
+        """Stage 2's choice, with the draft's root step in ``features`` (called only when stage 1 speculates)."""
+        return self.stage2.select(features)
+
+    def __repr__(self) -> str:
+        return f"Cascade({self.stage1!r}, {self.stage2!r})"

@@ -14,7 +14,7 @@ with a negative control: a stop rule that peeks at the target is caught.
 
 `draft_threshold_chain` drafts such a chain on the draft's KV cache, feeding each token only when the
 chain continues (no draft work past the stop). The decoder calls it through a policy's ``draft_tree``
-hook (`ThresholdChain.draft_tree`); see docs/selector.md for the state of that hook.
+hook (`ThresholdChain.draft_tree`) and records the realized chain as the step's action.
 """
 
 from __future__ import annotations

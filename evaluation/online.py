@@ -12,6 +12,9 @@ Terms:
 - *adaptive chain* (`ADAPTIVE_CHAIN`): ``naive`` chains whose length follows a moving average of recent
   accepted lengths (`decoding.policy.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
   static length, at most the grid's longest chain.
+- *threshold chain* (`THRESHOLD_CHAIN`): the confidence-threshold dynamic chain of HF assisted generation
+  (`decoding.threshold_chain.ThresholdChain`: draft up to N tokens, stop below a top-1 probability), ``naive``,
+  with N and the threshold tuned on TRAIN prompts (`tune_threshold_chain`: highest tokens/s of a small grid).
 - the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
   latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
 - a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
@@ -37,6 +40,7 @@ from .claims import chain_source
 
 CHAIN = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
+THRESHOLD_CHAIN = "threshold_chain"
 BEST_STATIC = "best_static"
 CHAIN_METHOD = "naive"
 
@@ -82,6 +86,35 @@ def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]
     start = space[statics[CHAIN][1]].L1 if CHAIN in statics else min(lengths)
     policy = AdaptiveChain(max(lengths), min(max(start, 1), max(lengths)))
     return EvalPolicy(ADAPTIVE_CHAIN, "adaptive_chain", CHAIN_METHOD, policy)
+
+
+def threshold_chain_policy(max_length: int, threshold: float, name: str = THRESHOLD_CHAIN) -> EvalPolicy:
+    from decoding.threshold_chain import ThresholdChain
+
+    return EvalPolicy(name, THRESHOLD_CHAIN, CHAIN_METHOD, ThresholdChain(max_length, threshold))
+
+
+def tune_threshold_chain(decoder, units: Sequence, lengths: Sequence[int], thresholds: Sequence[float],
+                         max_new_tokens: int, warmup: bool = True) -> dict:
+    """Decode ``units`` (TRAIN prompts, seed 0) with every (N, threshold) of the grid, each unit by all grid points
+    in a rotated order (`decode_units`); returns the grid (tokens, seconds, tokens/s per point) and the point
+    of the highest tokens/s (sum tokens / sum seconds) as ``max_length`` / ``threshold``."""
+    if not units or not lengths or not thresholds:
+        raise ValueError("tune_threshold_chain needs at least one prompt, one length and one threshold")
+    grid = [(int(n), float(t)) for n in lengths for t in thresholds]
+    policies = [threshold_chain_policy(n, t, f"N={n},threshold={t}") for n, t in grid]
+    start = time.perf_counter()
+    runs = decode_units(decoder, units, policies, max_new_tokens, [0], warmup)
+    rows = []
+    for (n, t), p in zip(grid, policies, strict=True):
+        tokens = sum(r["tokens"] for r in runs if r["policy"] == p.name)
+        seconds = sum(r["seconds"] for r in runs if r["policy"] == p.name)
+        steps = sum(r["steps"] for r in runs if r["policy"] == p.name)
+        rows.append({"max_length": n, "threshold": t, "tokens": tokens, "seconds": seconds, "steps": steps,
+                     "tokens_per_second": tokens / seconds if seconds > 0 else 0.0})
+    best = max(rows, key=lambda r: r["tokens_per_second"])
+    return {"max_length": best["max_length"], "threshold": best["threshold"], "grid": rows, "prompts": len(units),
+            "max_new_tokens": int(max_new_tokens), "seconds": time.perf_counter() - start}
 
 
 def best_static_name(offline_fit: dict[str, dict]) -> str | None:

@@ -16,7 +16,8 @@ the actions with a latency profile (the one the selector was trained with, or a 
 ``branchpoint profile`` on the machine where it runs) and implements the decoder's selector protocol
 (`decoding.policy`): ``select(RootFeatures) -> Choice``.
 
-``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
+``speculating_only=True`` restricts the decision to the outputs that draft a tree (a cascade's second stage,
+`export.cascade`). ``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
 Ê / T over the valid outputs of those methods only (computed here with numpy from the graph's Ê, the same
 rule and tie order as the graph's ``choice``), so the other methods' outputs are never chosen.
 """
@@ -84,7 +85,8 @@ class SelectorRuntime:
     """An exported selector, ready to choose the action (and method) of each decoding step."""
 
     def __init__(self, folder: str | Path, latency: str | Path | LatencyModel | None = None,
-                 providers: tuple[str, ...] = ("CPUExecutionProvider",), methods: list[str] | None = None) -> None:
+                 providers: tuple[str, ...] = ("CPUExecutionProvider",), methods: list[str] | None = None,
+                 speculating_only: bool = False) -> None:
         import onnxruntime as ort
 
         self.folder = Path(folder)
@@ -104,7 +106,7 @@ class SelectorRuntime:
         self.auto = bool(out.get("auto", False))
         self.actions = [parse_action(a) for a in out["actions"]]
         self.valid = np.asarray(out.get("valid", [True] * len(self.table)), dtype=bool)  # [outputs]
-        self.allowed = self._allowed(methods)  # [outputs] bool, or None: every method
+        self.allowed = self._allowed(methods, speculating_only)  # [outputs] bool, or None: every output
         if isinstance(latency, LatencyModel):
             self.latency = latency
         elif latency is not None:
@@ -123,9 +125,17 @@ class SelectorRuntime:
         check_sidecar_schema(self.sidecar["features"], self.schema, self.folder / SIDECAR_FILE)
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
+        self.feature_set = self.schema.feature_set
 
-    def _allowed(self, methods: list[str] | None) -> np.ndarray | None:
-        """``[outputs]`` mask of the valid outputs of ``methods`` (None: no restriction)."""
+    def _allowed(self, methods: list[str] | None, speculating_only: bool = False) -> np.ndarray | None:
+        """``[outputs]`` mask of the valid outputs of ``methods`` (all methods when None), only those that draft a
+        tree when ``speculating_only`` (a cascade's second stage); None: no restriction."""
+        if speculating_only:
+            spec = self.valid & np.array([a.tree_size > 0 for _, a in self.table])
+            mask = spec if methods is None else spec & self._allowed(methods)
+            if not mask.any():
+                raise SelectorArtifactError(f"{self.folder}: no valid speculating output (methods {methods})")
+            return mask
         if methods is None:
             return None
         unknown = [m for m in methods if m not in self.methods]

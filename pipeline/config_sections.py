@@ -240,7 +240,9 @@ class TrainConfig:
 
     method: str = "specinfer"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
     auto_methods: list[str] = field(default_factory=list)  # the methods of auto ([] = all of collect.methods)
-    feature_set: str = "target_only"  # paper | target_only (decoding.features.FEATURE_SETS); VAL-best on the CPU default
+    # paper | target_only (decoding.features.FEATURE_SETS) | cascade (stage 1 target_only, stage 2 paper: one
+    # selector each, pipeline/train.py CASCADE_STAGES); target_only: VAL-best on the CPU default
+    feature_set: str = "target_only"
     objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
     # network (models/selector_network.py)
     proj: int = 128  # projection width of each hidden-state feature
@@ -272,8 +274,9 @@ class TrainConfig:
             check_method_name(self.method)
         for m in self.auto_methods:
             check_method_name(m)
-        if self.feature_set not in FEATURE_SETS:
-            raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)}, not {self.feature_set!r}")
+        if self.feature_set not in (*FEATURE_SETS, "cascade"):
+            raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)} or cascade, not "
+                             f"{self.feature_set!r}")
         if self.objective not in ("regression", "throughput"):
             raise ValueError(f"objective must be regression or throughput, not {self.objective!r}")
         if self.label_weighting not in ("none", "inverse_se"):
@@ -326,6 +329,13 @@ class EvaluateConfig:
     methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "gbv"])
     chain: bool = True  # chain speculative decoding (naive on K = 1) with its best static length
     adaptive_chain: bool = True  # the acceptance-tracking chain length (decoding.policy.AdaptiveChain), naive
+    # the confidence-threshold chain of HF assisted generation (decoding.threshold_chain), naive, with N (tune_lengths)
+    # and the threshold (tune_thresholds) of the highest tokens/s on tune_prompts TRAIN prompts (tune_max_new_tokens)
+    threshold_chain: bool = True
+    tune_prompts: int = 4
+    tune_max_new_tokens: int = 16
+    tune_lengths: list[int] = field(default_factory=lambda: [4, 8, 20])
+    tune_thresholds: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
     warmup: bool = True  # one short untimed decode per policy first
@@ -349,3 +359,11 @@ class EvaluateConfig:
             raise ValueError("seeds must hold at least one seed")
         if not 0 < self.ci < 1:
             raise ValueError(f"ci must be in (0, 1), not {self.ci}")
+        if self.threshold_chain and (self.tune_prompts < 1 or self.tune_max_new_tokens < 1 or not self.tune_lengths
+                                     or not self.tune_thresholds):
+            raise ValueError(f"threshold_chain needs tune_prompts and tune_max_new_tokens >= 1 and non-empty "
+                             f"tune_lengths / tune_thresholds, not {self.tune_prompts}, {self.tune_max_new_tokens}, "
+                             f"{self.tune_lengths}, {self.tune_thresholds}")
+        if any(n < 1 for n in self.tune_lengths) or any(not 0 <= t <= 1 for t in self.tune_thresholds):
+            raise ValueError(f"tune_lengths must be >= 1 and tune_thresholds in [0, 1], not {self.tune_lengths}, "
+                             f"{self.tune_thresholds}")

@@ -93,10 +93,10 @@ def run(cfg, args) -> int:
     action = parse_action(_pick(args.action, cfg.decode.action))
     policy = action
     if args.selector:
-        from export.runtime import SelectorRuntime
+        from export.cascade import load_selector
 
         check_inputs(cfg, args, cfg.model.draft)
-        policy = SelectorRuntime(args.selector, latency=args.latency)
+        policy = load_selector(args.selector, latency=args.latency)  # a selector or a two-stage cascade
         if method == AUTOREGRESSIVE:
             method = policy.methods[0]
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))

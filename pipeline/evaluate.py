@@ -8,9 +8,11 @@ plot data under ``evaluate.plots`` (`dvc plots show`), ``evaluate.report`` (repo
 MLflow run tagged ``stage=evaluate``. Steps:
 
 1. best static actions on TRAIN labels (`evaluation.online.best_statics`) and their offline TPS on TEST;
-2. policies: autoregressive, chain, the adaptive chain, each method's best static (the one of the highest
+2. policies: autoregressive, chain, the adaptive chain, the threshold chain (N and threshold tuned on
+   ``evaluate.tune_prompts`` TRAIN prompts, `tuned_threshold_chain`), each method's best static (the one of the highest
    TRAIN TPS is ``best_static``, the hardware-aware best static tree), the selector (``auto`` and restricted to each
-   of ``evaluate.selector_methods``; `export.runtime.SelectorRuntime`, priced with ``profile.out``);
+   of ``evaluate.selector_methods``; `export.cascade.load_selector`: a `SelectorRuntime` or a two-stage
+   `CascadeRuntime`, priced with ``profile.out``);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
 4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive, Traversal's
    best static, the best static and the adaptive chain (flat ``selector_vs_*`` keys with ``_lo`` / ``_hi``) (`evaluation.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
@@ -57,22 +59,39 @@ def load_labels(cfg):
     return cols, labels, cfg.actions.space()
 
 
-def pick_units(cfg):
-    """The TEST trajectories to decode: ``evaluate.prompts`` of them, spread over settings and sources."""
+def pick_units(cfg, split: str = "test", n: int | None = None):
+    """The ``split`` trajectories to decode, one per prompt: ``n`` of them (default ``evaluate.prompts``; 0 = all),
+    in a seeded order; returns ``(units, available prompts)``."""
     import hashlib
 
     from data_collection.trajectories import load_trajectories
 
-    trajs = load_trajectories(cfg.trajectories.out, splits=["test"])
+    trajs = load_trajectories(cfg.trajectories.out, splits=[split])
     if not trajs:
-        raise UserInputError(f"no TEST trajectories in {cfg.trajectories.out}; check prompts.split")
+        raise UserInputError(f"no {split.upper()} trajectories in {cfg.trajectories.out}; check prompts.split")
     seen, units = set(), []
     for t in sorted(trajs, key=lambda t: hashlib.sha256(f"{cfg.evaluate.seed}|{t.prompt_id}".encode()).hexdigest()):
         if t.prompt_id not in seen:  # one trajectory (setting) per prompt
             seen.add(t.prompt_id)
             units.append(t)
-    n = cfg.evaluate.prompts or len(units)
+    n = (cfg.evaluate.prompts if n is None else n) or len(units)
     return units[:n], len(units)
+
+
+def tuned_threshold_chain(cfg, decoder):
+    """``(policy, tuning)``: the threshold chain with N and the threshold tuned on ``evaluate.tune_prompts`` TRAIN
+    prompts (`evaluation.online.tune_threshold_chain`), or ``(None, None)`` when ``evaluate.threshold_chain`` is off."""
+    from evaluation import online as oe
+
+    ec = cfg.evaluate
+    if not ec.threshold_chain:
+        return None, None
+    units, _ = pick_units(cfg, "train", ec.tune_prompts)
+    tuning = oe.tune_threshold_chain(decoder, units, ec.tune_lengths, ec.tune_thresholds, ec.tune_max_new_tokens,
+                                     ec.warmup)
+    print(f"evaluate: threshold chain tuned on {len(units)} TRAIN prompts in {tuning['seconds']:.0f} s: "
+          f"N = {tuning['max_length']}, threshold = {tuning['threshold']}", flush=True)
+    return oe.threshold_chain_policy(tuning["max_length"], tuning["threshold"]), tuning
 
 
 def build_policies(cfg, statics, space, with_selector: bool):
@@ -85,17 +104,17 @@ def build_policies(cfg, statics, space, with_selector: bool):
         policies.append(adaptive_chain_policy(space, statics))
     runtime = None
     if with_selector:
-        from export.runtime import SelectorRuntime
+        from export.cascade import load_selector
 
         latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
-        runtime = SelectorRuntime(cfg.export.out, latency=latency)
+        runtime = load_selector(cfg.export.out, latency=latency)  # a selector or a two-stage cascade
         policies.append(EvalPolicy("selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}", "selector",
                                    runtime.methods[0], runtime))
         if runtime.auto:
             for m in cfg.evaluate.selector_methods or runtime.methods:
                 if m in runtime.methods:
                     policies.append(EvalPolicy(f"selector:{m}", "selector", m,
-                                               SelectorRuntime(cfg.export.out, latency=latency, methods=[m])))
+                                               load_selector(cfg.export.out, latency=latency, methods=[m])))
                 else:
                     print(f"evaluate: the selector does not predict {m!r} (it has {runtime.methods}); skipped")
     return policies, runtime
@@ -143,10 +162,14 @@ def decode_all(cfg, args, off):
                      cfg.model.device_map)
     decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos_ids(pair.tokenizer, pair.target))
     policies, runtime = build_policies(cfg, off["statics"], off["space"], ec.selector and not args.no_selector)
+    threshold_chain, off["threshold_chain_tuning"] = tuned_threshold_chain(cfg, decoder)
+    if threshold_chain is not None:
+        policies.insert(next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies)),
+                        threshold_chain)
     print(f"evaluate: {len(units)} of {available} TEST prompts x {len(ec.seeds)} seeds x {len(policies)} policies "
           f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
           f"{ec.max_new_tokens} new tokens each", flush=True)
-    start = time.perf_counter()
+    start = time.perf_counter()  # tuning above is not decode time: it is in the tuning's own seconds
     runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup, oe.Progress("evaluate"))
     return units, available, policies, runtime, runs, time.perf_counter() - start
 
@@ -216,17 +239,20 @@ def run(cfg, args) -> int:
     start = time.perf_counter()
     off = offline_part(cfg)
     units, available, policies, runtime, runs, decode_seconds = decode_all(cfg, args, off)
-    load_seconds = time.perf_counter() - start - decode_seconds  # labels, the pair, the policies
+    load_seconds = time.perf_counter() - start - decode_seconds  # labels, the pair, the policies, tuning
     table, gains = tables(cfg, off, policies, runs)
     train_metrics = json.loads(Path(ec.train_metrics).read_text()) if Path(ec.train_metrics).is_file() else None
     metrics = {
         "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "threads": cfg.model.threads},
         "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
                   "max_new_tokens": ec.max_new_tokens, "runs": len(runs)},
-        "seconds": {"load": load_seconds, "decode": decode_seconds, "total": time.perf_counter() - start},
+        "seconds": {"load": load_seconds, "decode": decode_seconds, "total": time.perf_counter() - start,
+                    "tune_threshold_chain": (off["threshold_chain_tuning"] or {}).get("seconds")},
         "policies": table, "gain_by_temperature": gains["temperature"], "gain_by_source": gains["source"],
         "acceptance_by_depth": oe.depth_acceptance(runs), "best_static": off["best_static"],
-        "chosen": {p.name: oe.chosen(runs, p.name) for p in policies if p.kind in ("selector", "adaptive_chain")},
+        "chosen": {p.name: oe.chosen(runs, p.name) for p in policies
+                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN)},
+        "threshold_chain_tuning": off["threshold_chain_tuning"],
         "offline": {"test_roots": off["test_roots"], "fit_roots": off["fit_roots"], "statics": off["offline"],
                     "selector": _train_summary(train_metrics)},
         "findings": off["findings"], "findings_summary": findings_headline(off["findings"]),
@@ -239,7 +265,7 @@ def run(cfg, args) -> int:
     primary = next((p.name for p in policies if p.kind == "selector"), None)  # auto, or its one method
     if runtime is not None:
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.schema.feature_set, "policy": primary}
+                               "feature_set": runtime.feature_set, "policy": primary}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     if primary in table and sel_offline is not None:  # the trained selector's offline ratio (TEST roots, stage train)
         table[primary]["offline"] = {"vs_autoregressive": sel_offline}

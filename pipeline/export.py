@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 from pathlib import Path
 
 
@@ -93,19 +95,48 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: 
 
 
 def run(cfg, args) -> int:
+    """Export the trained selector; a trained cascade (``stage1/`` and ``stage2/`` in the source) is exported
+    stage by stage into ``export.out/<stage>`` with the cascade sidecar (`export.cascade`)."""
+    from export.cascade import STAGES, write_cascade_sidecar
+
+    src = Path(args.selector or cfg.train.out)
+    if not all((src / s).is_dir() for s in STAGES):
+        return export_one(cfg, args, src, Path(cfg.export.out))
+    out = Path(cfg.export.out)
+    tmp, old = out.parent / f".{out.name}.cascade.tmp", out.parent / f".{out.name}.cascade.old"
+    for d in (tmp, old):
+        shutil.rmtree(d, ignore_errors=True)
+    try:  # both stages and the sidecar in a temp folder, then one rename: never half a cascade
+        for stage in STAGES:
+            rc = export_one(cfg, argparse.Namespace(**{**vars(args), "no_mlflow": True}), src / stage, tmp / stage)
+            if rc:
+                return rc
+        side = write_cascade_sidecar(tmp)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    stages = ", ".join(f"{k} {v['feature_set']}" for k, v in side["stages"].items())
+    print(f"export: cascade {stages} -> "
+          f"{cfg.export.out}/cascade.json (MLflow logging and registration are for single selectors only)")
+    return 0
+
+
+def export_one(cfg, args, src: Path, out: Path) -> int:
     from export.onnx_export import export_selector
     from models.selector_network import load_selector
 
-    src = args.selector or cfg.train.out
     net, meta = load_selector(src)
     inputs, seconds = parity_rows(cfg, meta, cfg.export.parity_rows)
-    sidecar = export_selector(net, meta, cfg.export.out, inputs, seconds, atol=cfg.export.atol)
+    sidecar = export_selector(net, meta, out, inputs, seconds, atol=cfg.export.atol)
     p = sidecar["parity"]
-    print(f"export: {src} -> {cfg.export.out}/ (selector.onnx sha256 {sidecar['onnx_sha256'][:12]}..., "
+    print(f"export: {src} -> {out}/ (selector.onnx sha256 {sidecar['onnx_sha256'][:12]}..., "
           f"{len(sidecar['outputs']['table'])} outputs, feature set {sidecar['feature_set']}); parity on {p['rows']} "
           f"held-out rows: max |ΔÊ| {p['max_abs_diff']:.1e}, identical choices {p['identical_choices']}")
     if not args.no_mlflow and cfg.export.mlflow:
-        where = log_to_mlflow(cfg, Path(cfg.export.out), sidecar, inputs, meta.get("mlflow_run_id"))
+        where = log_to_mlflow(cfg, out, sidecar, inputs, meta.get("mlflow_run_id"))
         print(f"export: logged to MLflow {where}")
     print(json.dumps({"inputs": sidecar["inputs"], "outputs": sidecar["outputs"]["names"]}))
     return 0

@@ -12,7 +12,7 @@ work: declining costs one plain step plus its features); where it speculates, st
 selector trained on the same labels, picks the tree among the speculating outputs and the step pays the
 draft's root step and both networks. Compared with ``paper`` and ``target_only`` alone (realized TPS from
 labels and the latency profile; ratios to autoregressive and to the per-root oracle). Writes
-metrics/study_cascade.json. (Online, the cascade needs a two-phase decision in the decoder: not built.)
+metrics/study_cascade.json. Online: ``train.feature_set: cascade`` and export/cascade.py (docs/selector.md).
 """
 
 from __future__ import annotations
@@ -102,11 +102,25 @@ def cascade_choice(pred1, t1, pred2, t2, valid, speculating) -> tuple[np.ndarray
     return np.where(spec, c2, c1), np.where(spec, t2.cost[rows, c2] + overhead1, t1.cost[rows, c1])
 
 
+def cascade_score(pred1, t1, pred2, t2, valid) -> dict:
+    """Realized TPS of the cascade (`cascade_choice`) on the roots of ``t1`` / ``t2`` as ratios to autoregressive
+    and the per-root oracle, and the fraction of roots where it speculates."""
+    from decoding import throughput
+
+    speculating = np.array([t1.layout.output(o)[1].tree_size > 0 for o in range(t1.layout.size)])
+    choice, seconds = cascade_choice(pred1, t1, pred2, t2, valid, speculating)
+    E = np.where(valid, t1.labels.astype(np.float64), np.nan)
+    tps = float(E[np.arange(len(t1)), choice].sum() / seconds.sum())
+    ar = float(len(t1) / t1.cost_ar.sum())
+    oracle = throughput.realized_tps(E, t1.cost_static, throughput.oracle_choice(E, t1.cost_static))
+    return {"test_roots": len(t1), "selector_vs_autoregressive": tps / ar, "selector_vs_oracle": tps / oracle,
+            "speculate_fraction": float(speculating[choice].mean())}
+
+
 def cascade(cfg) -> dict:
     """Both stages trained on the same labels; the cascade and each feature set alone on TEST (offline)."""
     import dataclasses
 
-    from decoding import throughput
     from models.selector_training import predict
     from pipeline.train import training_data
 
@@ -118,14 +132,7 @@ def cascade(cfg) -> dict:
         results[fs] = score(net, data)
         nets[fs] = (net, data.subset(data.rows("test")), data.subset(data.rows("train")).valid_outputs())
     (net1, t1, valid), (net2, t2, _) = nets["target_only"], nets["paper"]
-    speculating = np.array([t1.layout.output(o)[1].tree_size > 0 for o in range(t1.layout.size)])
-    choice, seconds = cascade_choice(predict(net1, t1), t1, predict(net2, t2), t2, valid, speculating)
-    E = np.where(valid, t1.labels.astype(np.float64), np.nan)
-    tps = float(E[np.arange(len(t1)), choice].sum() / seconds.sum())
-    ar = float(len(t1) / t1.cost_ar.sum())
-    oracle = throughput.realized_tps(E, t1.cost_static, throughput.oracle_choice(E, t1.cost_static))
-    results["cascade"] = {"test_roots": len(t1), "selector_vs_autoregressive": tps / ar,
-                          "selector_vs_oracle": tps / oracle, "speculate_fraction": float(speculating[choice].mean())}
+    results["cascade"] = cascade_score(predict(net1, t1), t1, predict(net2, t2), t2, valid)
     print("study cascade: " + ", ".join(f"{k} {v['selector_vs_autoregressive']:.3f}x AR, "
                                         f"{v['selector_vs_oracle']:.3f}x oracle" for k, v in results.items()))
     return {"study": "cascade", "objective": cfg.train.objective, "method": cfg.train.method, "seed": cfg.train.seed,

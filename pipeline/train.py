@@ -3,7 +3,9 @@
 Reads: the collected dataset (``collect.out``: features + labels, splits by prompt), the latency profile
 (``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector_network.save_selector`:
 weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and ``train.metrics``
-(metrics/train.json). Steps:
+(metrics/train.json); ``train.feature_set: cascade`` trains one selector per stage of the two-stage decision
+(`CASCADE_STAGES`: stage 1 target-side only, stage 2 with the draft's root step) into ``train.out/stage1`` and
+``train.out/stage2`` (`run`). Steps of one selector (`train_one`):
 
 1. arrays of every root for the feature set and output layout (``train.method``: one method, or ``auto``:
    every (method, action)); step costs from the latency model, the selector's including its features
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -213,7 +217,59 @@ def train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_r
     }
 
 
+CASCADE = "cascade"  # train.feature_set of the two-stage decision: one selector per stage, same labels
+CASCADE_STAGES = {"stage1": "target_only", "stage2": "paper"}  # stage -> feature set (export/cascade.py)
+
+
 def run(cfg, args) -> int:
+    """Train one selector, or with ``train.feature_set: cascade`` one per stage (`CASCADE_STAGES`) from the same
+    labels into ``train.out/<stage>``; the cascade's metrics file holds each stage's metrics under ``stages``."""
+    from decoding.files import write_json_atomic
+
+    tc = cfg.train
+    if tc.feature_set != CASCADE:
+        for stage in CASCADE_STAGES:  # a cascade trained here before: export must not take its stages
+            shutil.rmtree(Path(tc.out) / stage, ignore_errors=True)
+        return train_one(cfg, args)
+    stages = {}
+    for stage, fs in CASCADE_STAGES.items():
+        metrics_path = Path(tc.out) / stage / "train_metrics.json"
+        sub = dataclasses.replace(cfg, train=dataclasses.replace(tc, feature_set=fs, out=str(Path(tc.out) / stage),
+                                                                 metrics=str(metrics_path)))
+        run_name = f"{args.run_name or f'{tc.method}/cascade/{tc.objective}'}/{stage}"
+        rc = train_one(sub, argparse.Namespace(**{**vars(args), "run_name": run_name}))
+        if rc:
+            return rc
+        stages[stage] = {"feature_set": fs, **json.loads(metrics_path.read_text())}
+    write_json_atomic(tc.metrics, {"method": tc.method, "feature_set": CASCADE, "objective": tc.objective,
+                                   "cascade": cascade_offline(cfg), "stages": stages})
+    print(f"train: cascade {CASCADE_STAGES} -> {tc.out}/{{{','.join(CASCADE_STAGES)}}}, {tc.metrics}")
+    return 0
+
+
+def cascade_offline(cfg) -> dict:
+    """The trained cascade (``train.out/<stage>``) offline on the VAL and TEST roots (`pipeline.study.cascade_score`:
+    stage 1 declines or speculates, stage 2 picks the tree, both stages' costs charged)."""
+    from models.selector_network import load_selector
+    from models.selector_training import predict
+    from pipeline.study import cascade_score
+
+    parts = {}
+    for stage, fs in CASCADE_STAGES.items():
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, feature_set=fs))
+        data = training_data(c)[4]
+        net, _ = load_selector(Path(cfg.train.out) / stage)
+        parts[stage] = (net, data, data.subset(data.rows("train")).valid_outputs())
+    out = {}
+    for split in ("val", "test"):
+        (net1, d1, valid), (net2, d2, _) = parts["stage1"], parts["stage2"]
+        t1, t2 = d1.subset(d1.rows(split)), d2.subset(d2.rows(split))
+        if len(t1):
+            out[split] = cascade_score(predict(net1, t1), t1, predict(net2, t2), t2, valid)
+    return out
+
+
+def train_one(cfg, args) -> int:
     import torch
 
     from decoding.files import write_json_atomic

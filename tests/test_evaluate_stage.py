@@ -95,6 +95,7 @@ def params(tmp_path_factory):
         f"tracking:\n  uri: sqlite:///{root / 'mlflow.db'}\n  experiment: eval-test\n"
         "evaluate:\n  prompts: 2\n  seeds: [0, 1]\n  max_new_tokens: 8\n  methods: [specinfer, gbv]\n"
         "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n"
+        "  tune_prompts: 3\n  tune_max_new_tokens: 6\n  tune_lengths: [1, 3]\n  tune_thresholds: [0.0, 1.0]\n"
         f"  train_metrics: {root / 'train.json'}\n  metrics: {root / 'out/evaluate.json'}\n"
         f"  plots: {root / 'out/plots'}\n  report: {root / 'out/reports/report.md'}\n")
     return root, path
@@ -108,9 +109,9 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
     names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
-             "selector:auto", "selector:traversal", "selector:gbv"]
+             "threshold_chain", "selector:auto", "selector:traversal", "selector:gbv"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 36}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 40}
     for name, e in m["policies"].items():
         assert e["units"] == 4 and e["prompts"] == 2
         r = e["tokens_per_second"]
@@ -135,11 +136,22 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     sel = m["policies"]["selector:auto"]
     assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
-    for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain")):
+    for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain"),
+                     ("threshold_chain", "threshold_chain")):
         r = sel[f"tps_vs_{ref}"]
         assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
             r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
-    assert m["selector_vs_threshold_chain"] is None
+    tuning = m["threshold_chain_tuning"]  # the grid, decoded on TRAIN prompts, and its fastest point
+    assert tuning["prompts"] == 3 and [(g["max_length"], g["threshold"]) for g in tuning["grid"]] == [
+        (1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)]
+    fastest = max(tuning["grid"], key=lambda g: g["tokens_per_second"])
+    assert (tuning["max_length"], tuning["threshold"]) == (fastest["max_length"], fastest["threshold"])
+    assert all(g["tokens"] > 0 and g["seconds"] > 0 for g in tuning["grid"])
+    # threshold 1 stops every chain after one token, threshold 0 never stops before N: steps differ
+    by_point = {(g["max_length"], g["threshold"]): g for g in tuning["grid"]}
+    assert by_point[(3, 1.0)]["steps"] == by_point[(1, 0.0)]["steps"] == by_point[(1, 1.0)]["steps"]
+    used = {k.split(":")[1] for k in m["chosen"]["threshold_chain"]}
+    assert all(parse_action(a).is_chain and parse_action(a).L1 <= tuning["max_length"] for a in used)
     adaptive = m["chosen"]["adaptive_chain"]  # naive chains only (the grid's K = 1, L2 = 0 actions)
     assert adaptive and all(k.split(":")[0] == "naive" and parse_action(k.split(":")[1]).is_chain for k in adaptive)
     depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()

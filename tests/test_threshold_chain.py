@@ -3,12 +3,15 @@ negative control that a target-peeking stop rule is caught), and its drafting on
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
 from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
+from decoding.engine import SpeculativeDecoder
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
 from decoding.engine.torch_sampling import prob_rows
@@ -109,3 +112,31 @@ def test_drafting_stops_where_the_rule_says_and_matches_the_fixed_chain():
         np.testing.assert_array_equal(got.tree.tokens, full.tree.tokens[: n + 1])
         np.testing.assert_allclose(got.tree.q_rows[:n], full.tree.q_rows[:n], atol=1e-6)
         assert got.forwards == n - 1 and len(kv) == len(prompt) + n - 1  # no draft work past the stop
+
+
+def _decode_steps(policy, sampling, seed=3, n=40):
+    target, draft = untied_pair(seed=0, noise=0.3)
+    dec = SpeculativeDecoder(target, draft, VOCAB)
+    steps = []
+    res = dec.generate([1, 5, 9, 3], n, "naive", policy, sampling, seed=seed,
+                       on_step=lambda state, step: steps.append(step))
+    return dec, res, steps
+
+
+def test_the_decoder_drafts_through_the_policy_hook_and_records_the_realized_chain():
+    pol = ThresholdChain(max_length=6, threshold=0.2)
+    _, res, steps = _decode_steps(pol, Sampling(0.3))  # sharp enough rows that some chains continue
+    lengths = [s.action.L1 for s in steps]
+    assert all(s.action.K == 1 and s.action.L2 == 0 for s in steps)
+    assert len(set(lengths)) > 1 and max(lengths) <= 6  # the stop rule cut chains (not always the cap)
+    assert res.stats.actions == Counter(str(s.action) for s in steps)  # the stats hold the realized shapes
+    # the extremes: a threshold of 0 never stops early, one of 1 always stops after the first token
+    assert {s.action for s in _decode_steps(ThresholdChain(6, 0.0), Sampling())[2][:-1]} == {Action(1, 6, 0)}
+    assert {s.action for s in _decode_steps(ThresholdChain(6, 1.0), Sampling())[2]} == {Action(1, 1, 0)}
+
+
+def test_greedy_decoding_with_the_threshold_chain_is_the_autoregressive_text():
+    greedy = Sampling(temperature=0.0)
+    dec, res, steps = _decode_steps(ThresholdChain(6, 0.5), greedy)
+    ar = dec.generate([1, 5, 9, 3], 40, "autoregressive", sampling=greedy)
+    assert res.tokens == ar.tokens and max(s.action.L1 for s in steps) > 1  # greedy rows are one-hot

@@ -3,7 +3,8 @@
 `SpeculativeDecoder.generate` is a loop over `SpeculativeDecoder.step`; collection and evaluation call
 the same step. One *step* starts at a *root* (the last emitted token, not yet processed by the target):
 1. choose: the policy picks the action. A static `Action` costs nothing; a selector gets `RootFeatures`
-   (after the draft's root step when it ``needs_draft``, see `decoding.policy`);
+   (after the draft's root step when it ``needs_draft``, see `decoding.policy`); a policy with ``refine``
+   (`decoding.policy.Cascade`) that speculates is asked again after the draft's root step;
 2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts
    the action's tree (`drafting.draft_tree`); an empty tree skips the draft entirely;
 3. target pass: one pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
@@ -135,6 +136,12 @@ class SpeculativeDecoder:
         state.pending = []
         return self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
 
+    @staticmethod
+    def _features(state: DecodeState, sampling: Sampling, q_root, h_q_root) -> RootFeatures:
+        drafted_now = q_root is not None
+        return RootFeatures(state.context_length, sampling, state.p_prev, state.q_prev if drafted_now else None,
+                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root)
+
     @torch.inference_mode()
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
              rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
@@ -150,28 +157,26 @@ class SpeculativeDecoder:
         if static is not None:
             action = static
         else:
-            drafted_now = q_root is not None
-            features = RootFeatures(state.context_length, sampling, state.p_prev,
-                                    state.q_prev if drafted_now else None, q_root, state.h_p_prev,
-                                    state.h_q_prev if drafted_now else None, h_q_root)
-            action = policy.select(features)
-            if isinstance(action, Choice):
-                if action.method is not None:
-                    verifier = get_method(action.method)
-                action = action.action
-            if not isinstance(action, Action):
-                raise TypeError(f"selector {type(policy).__name__}.select returned {action!r}, not an Action "
-                                "or a Choice")
+            features = self._features(state, sampling, q_root, h_q_root)
+            action, verifier = _resolve(policy, policy.select(features), verifier)
             stats.time_selector += clock.lap()
+            if action.tree_size and q_root is None and callable(getattr(policy, "refine", None)):
+                # a cascade's second stage: after the draft's root step, before any tree node is drafted
+                q_root, h_q_root = self.draft_root(state, sampling, hidden)
+                stats.time_draft += clock.lap()
+                features = self._features(state, sampling, q_root, h_q_root)
+                action, verifier = _resolve(policy, policy.refine(features), verifier)
+                stats.time_selector += clock.lap()
         if action.tree_size:
             check_supported(verifier, action)
         # 2. draft
         if action.tree_size:
             if q_root is None:
                 q_root, h_q_root = self.draft_root(state, sampling, hidden)
-            drafted = draft_tree(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
-                                 hidden, h_q_root)
-            tree, node_slots = drafted.tree, drafted.node_slots
+            drafter = getattr(policy, "draft_tree", None) or draft_tree  # a policy may draft its own tree
+            drafted = drafter(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
+                              hidden, h_q_root)
+            tree, node_slots, action = drafted.tree, drafted.node_slots, drafted.tree.action  # the realized shape
             stats.time_draft += clock.lap()
         else:
             tree, node_slots = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1))), {}
@@ -252,6 +257,18 @@ class SpeculativeDecoder:
         stats.new_tokens = len(state.out)
         stats.time_total = clock.t - t_start
         return DecodeResult(state.out, stats)
+
+
+def _resolve(policy: Selector, choice, verifier: VerificationMethod | None
+             ) -> tuple[Action, VerificationMethod | None]:
+    """``(action, verifier)`` of a selector's answer (an `Action`, or a `Choice` that may name the method)."""
+    if isinstance(choice, Choice):
+        if choice.method is not None:
+            verifier = get_method(choice.method)
+        choice = choice.action
+    if not isinstance(choice, Action):
+        raise TypeError(f"selector {type(policy).__name__}.select returned {choice!r}, not an Action or a Choice")
+    return choice, verifier
 
 
 def _stop_index(out: list[int], start: int, eos: set[int], max_new_tokens: int) -> int | None:
