@@ -141,6 +141,8 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from pipeline.study import save_figure
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
     for m, rows in result["methods"].items():
         s = [r["trees"] for r in rows]
@@ -157,13 +159,7 @@ def plot(result: dict, path: Path) -> Path:
     for ax in (a, b):
         ax.set_xticks(TREE_COUNTS, [str(s) for s in TREE_COUNTS])
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,6 +155,13 @@ def plot(result: dict, path: Path) -> Path:
         ax.set_xlabel("training roots")
         ax.legend(fontsize=7)
     fig.suptitle(f"learning curve ({result['feature_set']}, {result['objective']}), TEST roots")
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write a matplotlib figure to ``path`` (PNG) through a temp file and a rename, then close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
