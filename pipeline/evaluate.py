@@ -61,7 +61,9 @@ def load_labels(cfg):
 
 def pick_units(cfg, split: str = "test", n: int | None = None):
     """The ``split`` trajectories to decode, one per prompt: ``n`` of them (default ``evaluate.prompts``; 0 = all),
-    in a seeded order; returns ``(units, available prompts)``."""
+    in a seeded order; returns ``(units, available prompts)``. A prompt sampled at several settings
+    (``trajectories.all_settings``) is decoded at one of them, picked by the same seeded hash, so every setting
+    is represented."""
     import hashlib
 
     from data_collection.trajectories import load_trajectories
@@ -70,7 +72,10 @@ def pick_units(cfg, split: str = "test", n: int | None = None):
     if not trajs:
         raise UserInputError(f"no {split.upper()} trajectories in {cfg.trajectories.out}; check prompts.split")
     seen, units = set(), []
-    for t in sorted(trajs, key=lambda t: hashlib.sha256(f"{cfg.evaluate.seed}|{t.prompt_id}".encode()).hexdigest()):
+    def order(t) -> str:
+        return hashlib.sha256(f"{cfg.evaluate.seed}|{t.prompt_id}|{t.temperature}|{t.top_p}|{t.sample}".encode()).hexdigest()
+
+    for t in sorted(trajs, key=order):
         if t.prompt_id not in seen:  # one trajectory (setting) per prompt
             seen.add(t.prompt_id)
             units.append(t)
