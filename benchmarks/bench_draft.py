@@ -44,17 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from data_collection.profile import step_times, tile_ids
     from data_collection.trajectories import load_trajectories
-    from decoding.actions import Action
-    from decoding.engine import generate
-    from decoding.sampling import Sampling
-    from models.loading import eos_ids, load_pair
+    from models.loading import load_pair
     from pipeline.config import load_config
 
     cfg = load_config(args.params if Path(args.params).is_file() else None)
     torch.set_num_threads(args.threads or cfg.train_draft.threads)
     pair = load_pair(cfg.model.target, f"self_draft:{cfg.train_draft.out}", cfg.model.device, cfg.model.dtype,
                      cfg.model.cache_dir)
-    target, draft, tok = pair.target, pair.draft, pair.tokenizer
+    target, draft = pair.target, pair.draft
     test_prompts = list({t.prompt_id: t.prompt_ids for t in load_trajectories(cfg.trajectories.out, ["test"])}.values())
     result: dict = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
@@ -70,40 +67,50 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result["step_time"][-1]))
     result["step_time_ratio"] = max(r["step_time_ratio"] for r in result["step_time"])
 
-    eos = eos_ids(tok, target)
-    prompts = test_prompts[: args.prompts]
-    result["decoding"] = []
-    for temp in [float(t) for t in args.temperatures.split(",")]:
-        sampling = Sampling(temperature=temp)
-        settings = [("autoregressive", None)] + [("naive", Action(1, 0, int(n))) for n in args.chain.split(",")]
-        for method, action in settings:
-            tokens = passes = emitted = 0
-            seconds = 0.0
-            for i, prompt in enumerate(prompts):
-                start = time.perf_counter()
-                out = generate(target, draft, prompt, args.max_new_tokens, method=method,
-                               policy=action or Action(1, 0, 1), sampling=sampling, seed=i,
-                               vocab_size=pair.vocab_size, eos_token_ids=eos)
-                seconds += time.perf_counter() - start
-                tokens += out.stats.new_tokens
-                passes += out.stats.steps
-                emitted += out.stats.emitted  # before truncation at EOS / max_new_tokens
-            row = {"temperature": temp, "method": method, "action": None if action is None else str(action),
-                   "prompts": len(prompts), "new_tokens": tokens, "target_passes": passes,
-                   "block_efficiency": emitted / passes if passes else float("nan"),
-                   "tokens_per_second": tokens / seconds, "seconds": seconds}
-            result["decoding"].append(row)
-            print(json.dumps(row))
-        rows = [r for r in result["decoding"] if r["temperature"] == temp]
-        base = rows[0]["tokens_per_second"]
-        for r in rows[1:]:
-            r["speedup_vs_autoregressive"] = r["tokens_per_second"] / base
+    result["decoding"] = decode_rows(pair, test_prompts[: args.prompts], args)
     result["machine"]["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+def decode_rows(pair, prompts: list, args) -> list[dict]:
+    """Chain speculative decoding (naive, K = 1, L2 = each of ``--chain``) vs autoregressive on ``prompts``, per
+    temperature: block efficiency and tokens/s, with the speedup over autoregressive at that temperature."""
+    from decoding.actions import Action
+    from decoding.engine import generate
+    from decoding.sampling import Sampling
+    from models.loading import eos_ids
+
+    eos = eos_ids(pair.tokenizer, pair.target)
+    rows_all: list[dict] = []
+    for temp in [float(t) for t in args.temperatures.split(",")]:
+        sampling = Sampling(temperature=temp)
+        settings = [("autoregressive", None)] + [("naive", Action(1, 0, int(n))) for n in args.chain.split(",")]
+        rows = []
+        for method, action in settings:
+            tokens = passes = emitted = 0
+            seconds = 0.0
+            for i, prompt in enumerate(prompts):
+                start = time.perf_counter()
+                out = generate(pair.target, pair.draft, prompt, args.max_new_tokens, method=method,
+                               policy=action or Action(1, 0, 1), sampling=sampling, seed=i,
+                               vocab_size=pair.vocab_size, eos_token_ids=eos)
+                seconds += time.perf_counter() - start
+                tokens += out.stats.new_tokens
+                passes += out.stats.steps
+                emitted += out.stats.emitted  # before truncation at EOS / max_new_tokens
+            rows.append({"temperature": temp, "method": method, "action": None if action is None else str(action),
+                         "prompts": len(prompts), "new_tokens": tokens, "target_passes": passes,
+                         "block_efficiency": emitted / passes if passes else float("nan"),
+                         "tokens_per_second": tokens / seconds, "seconds": seconds})
+            print(json.dumps(rows[-1]))
+        for r in rows[1:]:
+            r["speedup_vs_autoregressive"] = r["tokens_per_second"] / rows[0]["tokens_per_second"]
+        rows_all += rows
+    return rows_all
 
 
 if __name__ == "__main__":

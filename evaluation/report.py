@@ -89,41 +89,57 @@ def plot_data(metrics: dict, folder: Path) -> list[Path]:
 
 
 def figures(metrics: dict, folder: Path) -> list[Path]:
+    """The report's PNG figures in ``folder``: tokens/s by policy, gains by temperature and prompt source,
+    acceptance by depth, the selector's chosen actions."""
     import matplotlib
 
     matplotlib.use("Agg")
+    folder.mkdir(parents=True, exist_ok=True)
+    out: list[Path] = []
+    for draw in (_tps_figure, _gain_figures, _acceptance_figure, _chosen_figure):
+        out.extend(draw(metrics, folder))
+    return out
+
+
+def _save(fig, path: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    folder.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def _ci_err(es: list[dict]) -> list[list[float]]:
+    """matplotlib's ``xerr`` of intervals ``{"value", "low", "high"}`` (a missing bound draws no bar)."""
+    return [[e["value"] - (e["low"] if e["low"] is not None else e["value"]) for e in es],
+            [(e["high"] if e["high"] is not None else e["value"]) - e["value"] for e in es]]
+
+
+def _tps_figure(metrics: dict, folder: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
     pol = metrics["policies"]
     names = list(pol)
-    out = []
-
-    def save(fig, name: str) -> None:
-        path = folder / name
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        out.append(path)
-
-    def err(es):
-        return [[e["value"] - (e["low"] if e["low"] is not None else e["value"]) for e in es],
-                [(e["high"] if e["high"] is not None else e["value"]) - e["value"] for e in es]]
-
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 1.6), sharey=True)
     tps = [pol[n]["tokens_per_second"] for n in names]
-    a1.barh(names, [e["value"] for e in tps], xerr=err(tps), color="#4c78a8", capsize=3)
+    a1.barh(names, [e["value"] for e in tps], xerr=_ci_err(tps), color="#4c78a8", capsize=3)
     a1.set_xlabel("tokens/s (online, 95% CI)")
     a1.invert_yaxis()
     ratio = [pol[n].get("tps_vs_autoregressive") or {"value": math.nan, "low": None, "high": None} for n in names]
-    a2.barh(names, [e["value"] for e in ratio], xerr=err(ratio), color="#72b7b2", capsize=3, label="online")
+    a2.barh(names, [e["value"] for e in ratio], xerr=_ci_err(ratio), color="#72b7b2", capsize=3, label="online")
     off = [(pol[n].get("offline") or {}).get("vs_autoregressive", math.nan) for n in names]
     a2.scatter(off, names, color="#e45756", zorder=3, label="offline (TEST labels)")
     a2.axvline(1.0, color="gray", ls="--", lw=1)
     a2.set_xlabel("tokens/s ratio to autoregressive")
     a2.legend(loc="lower right", fontsize=8)
-    save(fig, "tps_by_policy.png")
+    return _save(fig, folder / "tps_by_policy.png")
 
+
+def _gain_figures(metrics: dict, folder: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    out: list[Path] = []
     for by in ("temperature", "source"):
         g = metrics[f"gain_by_{by}"].get("autoregressive", {})
         groups = [(v, p, r) for v, per in g.items() for p, r in per.items()]
@@ -131,12 +147,17 @@ def figures(metrics: dict, folder: Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(8, 0.3 * len(groups) + 1.4))
         labels = [f"{'T=' if by == 'temperature' else ''}{v} | {p}" for v, p, _ in groups]
-        ax.barh(labels, [r["value"] for *_, r in groups], xerr=err([r for *_, r in groups]), color="#54a24b",
+        ax.barh(labels, [r["value"] for *_, r in groups], xerr=_ci_err([r for *_, r in groups]), color="#54a24b",
                 capsize=2)
         ax.axvline(1.0, color="gray", ls="--", lw=1)
         ax.invert_yaxis()
         ax.set_xlabel(f"tokens/s ratio to autoregressive, by {by} (paired, 95% CI)")
-        save(fig, f"gain_by_{by}.png")
+        out += _save(fig, folder / f"gain_by_{by}.png")
+    return out
+
+
+def _acceptance_figure(metrics: dict, folder: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name, acc in metrics["acceptance_by_depth"].items():
@@ -150,17 +171,21 @@ def figures(metrics: dict, folder: Path) -> list[Path]:
     ax.set_ylabel("acceptance at depth")
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)
-    save(fig, "acceptance_by_depth.png")
+    return _save(fig, folder / "acceptance_by_depth.png")
+
+
+def _chosen_figure(metrics: dict, folder: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
 
     chosen = metrics["chosen"].get(_selector_policy(metrics)) or {}
-    if chosen:
-        top = list(chosen.items())[:15]
-        fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(top) + 1.3))
-        ax.barh([k for k, _ in top], [v for _, v in top], color="#f58518")
-        ax.invert_yaxis()
-        ax.set_xlabel("share of the selector's steps (online)")
-        save(fig, "chosen_actions.png")
-    return out
+    if not chosen:
+        return []
+    top = list(chosen.items())[:15]
+    fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(top) + 1.3))
+    ax.barh([k for k, _ in top], [v for _, v in top], color="#f58518")
+    ax.invert_yaxis()
+    ax.set_xlabel("share of the selector's steps (online)")
+    return _save(fig, folder / "chosen_actions.png")
 
 
 def evaluation_table(metrics: dict) -> str:

@@ -146,40 +146,23 @@ class SpeculativeDecoder:
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
              rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
         """One speculation step from ``state``'s root (module docstring); appends to ``state.out``."""
-        static = static_action(policy)
-        hidden = static is None and needs_hidden_states(policy)
+        hidden = static_action(policy) is None and needs_hidden_states(policy)
         # 1. choose (after the draft's root step when the selector's features need it)
-        q_root = h_q_root = None
-        features = None
-        if static is None and needs_draft(policy) and state.kv_d is not None:
-            q_root, h_q_root = self.draft_root(state, sampling, hidden)
-            stats.time_draft += clock.lap()
-        if static is not None:
-            action = static
-        else:
-            features = self._features(state, sampling, q_root, h_q_root)
-            action, verifier = _resolve(policy, policy.select(features), verifier)
-            stats.time_selector += clock.lap()
-            if action.tree_size and q_root is None and callable(getattr(policy, "refine", None)):
-                # a cascade's second stage: after the draft's root step, before any tree node is drafted
-                q_root, h_q_root = self.draft_root(state, sampling, hidden)
-                stats.time_draft += clock.lap()
-                features = self._features(state, sampling, q_root, h_q_root)
-                action, verifier = _resolve(policy, policy.refine(features), verifier)
-                stats.time_selector += clock.lap()
+        action, verifier, features, q_root, h_q_root = self._choose(state, policy, verifier, sampling, hidden,
+                                                                    stats, clock)
+        # 2. draft
+        drafted = None
         if action.tree_size:
             check_supported(verifier, action)
-        # 2. draft
-        if action.tree_size:
             if q_root is None:
                 q_root, h_q_root = self.draft_root(state, sampling, hidden)
             drafter = getattr(policy, "draft_tree", None) or draft_tree  # a policy may draft its own tree
             drafted = drafter(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
                               hidden, h_q_root)
-            tree, node_slots, action = drafted.tree, drafted.node_slots, drafted.tree.action  # the realized shape
+            tree, action = drafted.tree, drafted.tree.action  # the realized shape
             stats.time_draft += clock.lap()
         else:
-            tree, node_slots = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1))), {}
+            tree = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1)))
         # 3. target pass
         ctx_t = len(state.kv_t)
         logits, h_t = target_tree_pass(state.kv_t, state.root, tree, hidden)
@@ -193,29 +176,38 @@ class SpeculativeDecoder:
             accepted, emitted = [], int(draw(p_rows[0], rng)[0, 0])
         stats.time_verify += clock.lap()
         # 5. prune both caches to the accepted path; keep the rows before the new root
-        path = [0] + accepted
-        last = path[-1]
-        state.kv_t.keep(ctx_t, [ctx_t + i for i in path])
-        new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
-        if state.kv_d is not None:
-            if action.tree_size:
-                root_slot = node_slots[0]
-                state.kv_d.keep(root_slot, [node_slots[i] for i in path if i in node_slots])
-                state.pending = [int(tree.tokens[i]) for i in path if i not in node_slots] + [int(emitted)]
-                if last in node_slots:
-                    state.q_prev = tree.q_rows[last]
-                    state.h_q_prev = drafted.hidden[last] if hidden else None
-            elif q_root is not None:  # the draft saw the root this step
-                state.pending = [int(emitted)]
-                state.q_prev, state.h_q_prev = q_root, h_q_root
-            else:
-                state.pending.append(int(emitted))
+        drafted = drafted if action.tree_size else None  # a policy's own drafter may realize an empty tree
+        last = _prune(state, ctx_t, tree, drafted, accepted, int(emitted), (q_root, h_q_root), hidden)
         state.p_prev, state.h_p_prev = p_rows[last], hidden_numpy(h_t[last] if hidden else None)
-        stats.record_step(int(tree.depths.max()), len(accepted), str(action),
-                          verifier.name if verifier is not None and action.tree_size else None)
+        new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
+        method = verifier.name if verifier is not None and action.tree_size else None
+        stats.record_step(int(tree.depths.max()), len(accepted), str(action), method)
         state.out.extend(new)
-        return StepResult(action, verifier.name if verifier is not None and action.tree_size else None, new,
-                          features)
+        return StepResult(action, method, new, features)
+
+    def _choose(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None,
+                sampling: Sampling, hidden: bool, stats: DecodeStats, clock: Timer) -> tuple:
+        """Step 1: ``(action, verifier, features, q_root, h_q_root)``. A static action costs nothing; a selector
+        gets its features after the draft's root step when it ``needs_draft``; a cascade (a ``refine`` hook)
+        whose first stage speculates gets the draft's root step and then its second decision, before any
+        tree node is drafted."""
+        static = static_action(policy)
+        if static is not None:
+            return static, verifier, None, None, None
+        q_root = h_q_root = None
+        if needs_draft(policy) and state.kv_d is not None:
+            q_root, h_q_root = self.draft_root(state, sampling, hidden)
+            stats.time_draft += clock.lap()
+        features = self._features(state, sampling, q_root, h_q_root)
+        action, verifier = _resolve(policy, policy.select(features), verifier)
+        stats.time_selector += clock.lap()
+        if action.tree_size and q_root is None and callable(getattr(policy, "refine", None)):
+            q_root, h_q_root = self.draft_root(state, sampling, hidden)
+            stats.time_draft += clock.lap()
+            features = self._features(state, sampling, q_root, h_q_root)
+            action, verifier = _resolve(policy, policy.refine(features), verifier)
+            stats.time_selector += clock.lap()
+        return action, verifier, features, q_root, h_q_root
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
@@ -270,6 +262,32 @@ def _resolve(policy: Selector, choice, verifier: VerificationMethod | None
         raise TypeError(f"selector {type(policy).__name__}.select returned {choice!r}, not an Action or a Choice")
     return choice, verifier
 
+
+
+def _prune(state: DecodeState, ctx_t: int, tree, drafted, accepted: list[int], emitted: int, root_step: tuple,
+           hidden: bool) -> int:
+    """Step 5: prune the target cache (and the draft's, when it drafted) to the accepted path, and set what the
+    draft still has to catch up on (``pending``) and its last row (``q_prev``, ``h_q_prev``). ``drafted`` is
+    None for an empty tree; ``root_step`` is ``(q_root, h_q_root)`` when the draft saw the root this step.
+    Returns the last node of the accepted path (0 = the root)."""
+    path = [0] + accepted
+    last = path[-1]
+    state.kv_t.keep(ctx_t, [ctx_t + i for i in path])
+    if state.kv_d is None:
+        return last
+    if drafted is not None:
+        node_slots = drafted.node_slots
+        state.kv_d.keep(node_slots[0], [node_slots[i] for i in path if i in node_slots])
+        state.pending = [int(tree.tokens[i]) for i in path if i not in node_slots] + [emitted]
+        if last in node_slots:
+            state.q_prev = tree.q_rows[last]
+            state.h_q_prev = drafted.hidden[last] if hidden else None
+    elif root_step[0] is not None:  # the draft saw the root this step
+        state.pending = [emitted]
+        state.q_prev, state.h_q_prev = root_step
+    else:
+        state.pending.append(emitted)
+    return last
 
 def _stop_index(out: list[int], start: int, eos: set[int], max_new_tokens: int) -> int | None:
     """Length to cut ``out`` to when a token from ``start`` on is an EOS or reaches the limit, else None."""
