@@ -291,10 +291,30 @@ def _train_summary(train_metrics: dict | None) -> dict | None:
     """The offline TEST table of the trained selector (metrics/train.json of stage train), when present."""
     if not train_metrics:
         return None
+    if "cascade" in train_metrics:
+        return _cascade_summary(train_metrics)
     test = train_metrics.get("test") or train_metrics.get("val") or {}
     keep = ("roots", "tps", "selector_vs_best_static", "selector_vs_oracle", "selector_vs_autoregressive",
             "selector_vs_traversal_best_static", "best_static", "by_method")
     out = {k: test[k] for k in keep if k in test}
+    out.update({k: train_metrics.get(k) for k in ("method", "feature_set", "objective")})
+    return out
+
+
+def _cascade_summary(train_metrics: dict) -> dict:
+    """A cascade's offline TEST score (stage train's ``cascade.test``), with the references (oracle, autoregressive,
+    best static tokens/s: the same for every selector) from its first stage's TEST table."""
+    cas = (train_metrics.get("cascade") or {}).get("test") or {}
+    ref = ((train_metrics.get("stages") or {}).get("stage1") or {}).get("test") or {}
+    tps = {k: v for k, v in (ref.get("tps") or {}).items() if k != "selector"}
+    if "selector_vs_autoregressive" in cas and "autoregressive" in tps:
+        tps["selector"] = cas["selector_vs_autoregressive"] * tps["autoregressive"]
+    out = {"roots": cas.get("test_roots"), "tps": tps, "best_static": ref.get("best_static"),
+           **{k: cas[k] for k in ("selector_vs_autoregressive", "selector_vs_oracle", "speculate_fraction") if k in cas}}
+    if "best_static" in tps and "selector" in tps:
+        out["selector_vs_best_static"] = tps["selector"] / tps["best_static"]
+    if "traversal_best_static" in tps and "selector" in tps:
+        out["selector_vs_traversal_best_static"] = tps["selector"] / tps["traversal_best_static"]
     out.update({k: train_metrics.get(k) for k in ("method", "feature_set", "objective")})
     return out
 
