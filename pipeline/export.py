@@ -4,7 +4,10 @@ Reads: the trained selector (``train.out``), held-out rows of the collected data
 split, else VAL) for the parity check. Writes: ``export.out`` (selector.onnx + selector.json), atomically;
 logs that folder to MLflow as the run's ``selector/`` artifacts and registers it as a version of
 ``export.registered_model`` (so ``mlflow artifacts download -u models:/<name>/<N>`` gives a selector folder as is),
-plus the ONNX model (float32 signature, input example) for the UI; tags the run with the train run id. ``branchpoint decode --selector <export.out>`` decodes with it.
+plus the ONNX model (float32 signature, input example) for the UI; tags the run with the train run id. A trained
+cascade (``stage1/`` + ``stage2/``) is exported stage by stage into ``export.out/<stage>`` with ``cascade.json``,
+and that folder is logged and registered the same way. ``branchpoint decode --selector <export.out>`` decodes with
+either.
 """
 
 from __future__ import annotations
@@ -119,9 +122,34 @@ def run(cfg, args) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     stages = ", ".join(f"{k} {v['feature_set']}" for k, v in side["stages"].items())
-    print(f"export: cascade {stages} -> "
-          f"{cfg.export.out}/cascade.json (MLflow logging and registration are for single selectors only)")
+    print(f"export: cascade {stages} -> {cfg.export.out}/cascade.json")
+    if not args.no_mlflow and cfg.export.mlflow:
+        from models.selector_network import load_selector
+
+        train_run = load_selector(src / STAGES[0])[1].get("mlflow_run_id")
+        print(f"export: logged to MLflow {log_cascade_to_mlflow(cfg, out, side, train_run)}")
     return 0
+
+
+def log_cascade_to_mlflow(cfg, folder: Path, side: dict, train_run_id: str | None = None) -> str:
+    """Log a cascade folder (``stage1/``, ``stage2/``, ``cascade.json``) as the run's ``selector/`` artifacts and
+    register it like a single selector: the downloaded folder is what `export.cascade.load_selector` opens."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import start_run, tracking_uri
+
+    tags = {"cascade": "true", **({"train_run_id": train_run_id} if train_run_id else {})}
+    with start_run(cfg, "export", tags=tags) as run:
+        mlflow.log_params({"feature_set": "cascade",
+                           **{f"{k}.feature_set": v["feature_set"] for k, v in side["stages"].items()}})
+        mlflow.log_artifacts(str(folder), artifact_path="selector")
+        where = f"run {run.info.run_id}"
+        if cfg.export.registered_model:
+            version = register_selector(MlflowClient(tracking_uri(cfg)), cfg.export.registered_model, run,
+                                        train_run_id)
+            where += f"; registered models:/{cfg.export.registered_model}/{version.version}"
+        return where
 
 
 def export_one(cfg, args, src: Path, out: Path) -> int:

@@ -154,3 +154,37 @@ def test_train_and_export_a_cascade_from_the_same_labels(tmp_path, monkeypatch):
     assert main(["export", "--no-mlflow", *common]) == 0
     assert isinstance(load_selector(tmp_path / "onnx"), SelectorRuntime)
     assert not (tmp_path / "onnx/cascade.json").exists()
+
+
+def test_a_cascade_downloaded_from_the_mlflow_registry_decodes(project, tmp_path, monkeypatch, capsys):
+    """The export logs a cascade folder as the run's selector/ artifacts and registers it: the registry download
+    is the cascade folder itself, and `decode --selector` takes it as is."""
+    import subprocess
+    import sys
+
+    from decoding.files import read_json
+    from export.cascade import load_selector
+    from pipeline.cli import main
+    from pipeline.config import load_config
+    from pipeline.export import log_cascade_to_mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("BRANCHPOINT_PARENT_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)  # the sqlite store keeps its artifacts in ./mlruns
+    params = str(project / "params.yaml")
+    cfg = load_config(params, [f"model.cache_dir={tmp_path / 'cache'}"])
+    side = read_json(project / "cascade" / "cascade.json", ValueError, "")
+    where = log_cascade_to_mlflow(cfg, project / "cascade", side, train_run_id="train-run-7")
+    assert f"models:/{cfg.export.registered_model}/1" in where
+    dst = tmp_path / "downloaded"
+    done = subprocess.run([sys.executable, "-m", "mlflow", "artifacts", "download", "-u",
+                           f"models:/{cfg.export.registered_model}/1", "-d", str(dst)], capture_output=True, text=True,
+                          env={"MLFLOW_TRACKING_URI": uri, "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in dst.iterdir()) == ["cascade.json", "stage1", "stage2"]
+    assert type(load_selector(dst)).__name__ == type(load_selector(project / "cascade")).__name__
+    out = tmp_path / "run.json"
+    assert main(["decode", "--params", params, "--selector", str(dst), "--max-new-tokens", "4",
+                 "--json", str(out)]) == 0, capsys.readouterr().err
+    assert out.is_file()
