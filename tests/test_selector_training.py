@@ -222,6 +222,7 @@ def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     rc = main(["train", "--set", f"collect.out={collected}", "--set", f"profile.out={profile}", "--set", "train.epochs=2", "--set", "train.method=auto",
+               "--set", "train.feature_set=target_only",
                "--set", "train.baselines=[best_static,ridge]", "--set", "train.out=sel", "--set", "train.metrics=metrics/train.json"])
     assert rc == 0
     metrics = json.loads((tmp_path / "metrics/train.json").read_text())
@@ -325,7 +326,8 @@ def test_learning_curve_study_trains_on_growing_prompt_subsets(collected, tmp_pa
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "study/lc.json"
     assert main(["learning-curve", "--fractions", "0.5", "1", "--out", str(out), "--set", f"collect.out={collected}",
-                 "--set", f"profile.out={profile}", "--set", "train.epochs=2"]) == 0
+                 "--set", f"profile.out={profile}", "--set", "train.epochs=2",
+                 "--set", "train.feature_set=target_only"]) == 0
     result = json.loads(out.read_text())
     pts = result["points"]
     assert [p["fraction"] for p in pts] == [0.5, 1.0] and pts[0]["train_prompts"] == 2 and pts[1]["train_prompts"] == 4

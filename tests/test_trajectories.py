@@ -153,10 +153,11 @@ def test_stage_splits_settings_and_seeded_reproduction(stage_args, tmp_path):
     from data_collection.prompts import encode_prompt
     from models.loading import load_tokenizer
 
-    first = run_stage(stage_args, tmp_path / "a")
-    assert run_stage(stage_args, tmp_path / "b", "--set", "trajectories.batch_size=7") == first
+    one = ("--set", "trajectories.all_settings=false")  # one setting per prompt (the default is every setting)
+    first = run_stage(stage_args, tmp_path / "a", *one)
+    assert run_stage(stage_args, tmp_path / "b", *one, "--set", "trajectories.batch_size=7") == first
     by_split = {s: [t for t in first if t.split == s] for s in ("draft", "train", "val", "test")}
-    assert all(by_split.values()) and len(first) == 24  # one setting per prompt by default
+    assert all(by_split.values()) and len(first) == 24  # one setting per prompt
     assert {t.setting for t in by_split["draft"]} == {(1.0, 1.0)}
     grid = {t.setting for s in ("train", "val", "test") for t in by_split[s]}
     assert grid <= {(1.0, 1.0), (0.6, 1.0)} and len(grid) == 2  # the hash spreads prompts over the grid
