@@ -209,3 +209,4 @@ def step_times(target: torch.nn.Module, draft: torch.nn.Module, context_ids: Seq
         "step_time_ratio": med["draft"] / med["target"], "step_time_ratio_min": low["draft"] / low["target"],
         "context_tokens": len(context_ids), "reps": reps, "threads": torch.get_num_threads(),
     }
+

@@ -11,6 +11,11 @@ Terms:
   c, including the sampling transform of all its rows (`decoding.engine.generate`, step 4).
 - *feature cost* ``feature_seconds``: computing the section-5 scalars at one root from ``[V]`` rows
   already on the CPU.
+- *step overhead* ``step_overhead``: what a whole decoding step of our engine costs beyond its forwards
+  (verification, sampling, pruning both caches, bookkeeping), measured by decoding with the engine and
+  subtracting the forwards' modelled times: ``plain`` for a step with no tree, ``speculative + per_node *
+  tree_size`` for a step that drafted a tree (`data_collection.profile.measure_step_overhead`). A profile
+  without it (an older file) charges nothing.
 The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
 
 Interpolation (`t_q`, `t_p`): piecewise linear in the context length, extrapolated linearly beyond the
@@ -25,7 +30,8 @@ Pricing (`step_seconds`) counts the forwards our engine makes for action ``(K, L
   trunk nodes are fed (the last one is the branch node); with ``L2 = 0`` the last trunk node is a leaf;
 - ``L2 - 1`` batched rollout forwards of K rows (the leaves are not fed); rollout level i (0-based) at
   context ``l + 1 + L1 + K * i`` (each level adds K slots to the draft cache);
-- one target pass over ``1 + L1 + K * L2`` tokens at context l.
+- one target pass over ``1 + L1 + K * L2`` tokens at context l;
+- the step overhead (above).
 A tree of size 0 (``L1 = 0`` and ``L2 = 0``, e.g. autoregressive ``Action(1, 0, 0)``) is one target
 pass on 1 token and no draft step. This is section 6's formula
 ``sum_{j<L1} t_q(l+j, 1) + sum_{j<L2} t_q(l+L1+j, K) + t_p(l, 1 + L1 + K*L2)`` with the same number
@@ -60,6 +66,7 @@ FORMAT = "branchpoint-latency"
 FORMAT_VERSION = 1
 FEATURE_MODES = (None, "target_only", "paper")
 _KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
+OVERHEAD_KEYS = ("plain", "speculative", "per_node")  # step_overhead: seconds (see the module docstring)
 
 
 class LatencyProfileError(UserInputError):
@@ -98,6 +105,24 @@ def _times(name: str, values, shape: tuple[int, int]) -> np.ndarray:
         raise LatencyProfileError(f"latency profile: {name}[{i}][{j}] = {float(arr[i, j])!r}; times must be finite "
                                   "and > 0 seconds (re-run `branchpoint profile`)")
     return arr
+
+
+def _overhead(values) -> dict:
+    """``step_overhead`` checked: {} (none measured) or every OVERHEAD_KEYS key, finite seconds (an overhead
+    may be negative: the isolated forwards can time slower than inside the engine's loop)."""
+    if not isinstance(values, dict):
+        raise LatencyProfileError(f"latency profile: step_overhead must be a mapping, got {type(values).__name__}")
+    if not values:
+        return dict.fromkeys(OVERHEAD_KEYS, 0.0)
+    if set(values) != set(OVERHEAD_KEYS):
+        raise LatencyProfileError(f"latency profile: step_overhead must have the keys {list(OVERHEAD_KEYS)}, "
+                                  f"got {sorted(values)}")
+    out = {k: _numbers(f"step_overhead.{k}", values[k]) for k in OVERHEAD_KEYS}
+    bad = [k for k, v in out.items() if v.ndim or not np.isfinite(v)]
+    if bad:
+        raise LatencyProfileError(f"latency profile: step_overhead.{bad[0]} must be a finite number of seconds, "
+                                  f"got {values[bad[0]]!r}")
+    return {k: float(v) for k, v in out.items()}
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -186,6 +211,7 @@ class LatencyModel:
     target_seconds: np.ndarray  # [C, N] one target tree pass
     feature_seconds: float  # computing the section-5 scalars at one root (rows already on CPU)
     meta: dict = field(default_factory=dict)  # machine, cpu, threads, device, versions, model specs, settings, date
+    step_overhead: dict = field(default_factory=dict)  # OVERHEAD_KEYS -> seconds; {} = none measured (0)
 
     def __post_init__(self) -> None:
         contexts = _grid("contexts", self.contexts, 0)
@@ -206,6 +232,7 @@ class LatencyModel:
                             ("draft_seconds", draft), ("target_seconds", target)):
             object.__setattr__(self, name, _readonly(value))
         object.__setattr__(self, "feature_seconds", feature)
+        object.__setattr__(self, "step_overhead", _overhead(self.step_overhead))
         object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
         object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
 
@@ -230,7 +257,10 @@ class LatencyModel:
         seconds = np.zeros(num)
         if idx.size:
             seconds += np.bincount(idx, weights=self.t_q(ctx, rows), minlength=num)
-        seconds += self.t_p(np.full(num, float(l)), 1 + l1 + k * l2)
+        size = l1 + k * l2
+        seconds += self.t_p(np.full(num, float(l)), 1 + size)
+        o = self.step_overhead
+        seconds += np.where(size > 0, o["speculative"] + o["per_node"] * size, o["plain"])
         if features is not None:
             seconds += self.feature_seconds
         return seconds
@@ -251,7 +281,7 @@ class LatencyModel:
             "contexts": self.contexts.tolist(), "draft_rows": self.draft_rows.tolist(),
             "draft_seconds": self.draft_seconds.tolist(), "target_tokens": self.target_tokens.tolist(),
             "target_seconds": self.target_seconds.tolist(), "feature_seconds": self.feature_seconds,
-            "meta": self.meta,
+            "step_overhead": dict(self.step_overhead), "meta": self.meta,
         }
 
     @classmethod
@@ -265,7 +295,7 @@ class LatencyModel:
         if missing:
             raise LatencyProfileError(f"{where}: missing keys {missing}; re-run `branchpoint profile`")
         try:
-            return cls(**{k: d[k] for k in _KEYS})
+            return cls(**{k: d[k] for k in _KEYS}, step_overhead=d.get("step_overhead") or {})
         except LatencyProfileError as e:
             raise LatencyProfileError(str(e).replace("latency profile", where, 1)) from None
 

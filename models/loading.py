@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.errors import UserInputError
+from models.placement import DEVICE_MAPS, ModelLoadError, check_device_map, check_dtype_name  # noqa: F401  (re-exported)
 
 EMBEDDED_MODELS = {
     # name -> (distribution's top-level package, gguf file inside it)
@@ -35,8 +35,6 @@ EMBEDDED_MODELS = {
 DEFAULT_CACHE_DIR = Path(".cache/branchpoint")
 
 
-class ModelLoadError(UserInputError):
-    """A model or tokenizer could not be loaded; the message says which and why."""
 
 
 class TokenizerMismatchError(ModelLoadError):
@@ -92,10 +90,8 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if dtype not in table:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(table)}")
-    return table[dtype]
+    check_dtype_name(dtype)
+    return getattr(torch, dtype)
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -185,23 +181,6 @@ def load_tokenizer(spec: str, cache_dir: Path = DEFAULT_CACHE_DIR):
         return AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load the tokenizer of {spec!r} from {folder!r}: {_first_line(e)}") from None
-
-
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
-
-
-def check_device_map(device_map: str | None) -> None:
-    """A known placement strategy, and not under a multi-process torchrun (where every rank would
-    spread its copy over the same GPUs)."""
-    if device_map is None:
-        return
-    if device_map not in DEVICE_MAPS:
-        raise ModelLoadError(f"unknown device_map {device_map!r}; use null (the whole model on `device`) "
-                             f"or one of {list(DEVICE_MAPS)}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
-        raise ModelLoadError(f"device_map={device_map!r} spreads one model over every visible GPU, so torchrun's "
-                             "ranks would all claim the same GPUs; run one process per model copy with its own "
-                             "CUDA_VISIBLE_DEVICES and --shard i/N instead (README, multi-GPU recipe)")
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

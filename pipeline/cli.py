@@ -1,7 +1,8 @@
 """The ``branchpoint`` command line: one subcommand per stage.
 
-Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(cfg, args) -> int``
-(modules keep heavy imports inside ``run`` so ``--help`` stays fast). Every subcommand takes
+Each subcommand lives in its own module exposing ``SECTIONS`` (the params sections it reads: only those are
+loaded and validated), ``add_arguments(parser)`` and ``run(cfg, args) -> int`` (modules keep heavy imports
+inside ``run`` so ``--help`` stays fast). Every subcommand takes
 ``--params FILE`` and repeatable ``--set section.key=value`` overrides. Errors caused by the user's input
 (`decoding.errors.UserInputError`) print one line and exit with status 2; ``--verbose`` shows the traceback.
 """
@@ -79,7 +80,7 @@ def use_project_caches() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import pipeline.tracking  # noqa: F401 - stdlib only; records when the stage started (its MLflow run's start)
+    import pipeline.process_start  # noqa: F401 - records when the stage started (its MLflow run's start)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub unless the user asks
     use_project_caches()
@@ -89,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"'{args.command}' is not available in this build")
     from pipeline.config import load_config
 
+    module = importlib.import_module(args._module)
     try:
         cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
-                          args.overrides)
-        return importlib.import_module(args._module).run(cfg, args) or 0
+                          args.overrides, sections=module.SECTIONS)
+        return module.run(cfg, args) or 0
     except user_error_types() as e:
         if args.verbose:
             raise

@@ -25,6 +25,8 @@ from data_collection.dataset_schema import trajectory_key  # noqa: F401  (the co
 from decoding.errors import UserInputError
 from decoding.files import stable_hash64
 
+SECTIONS = ("model", "trajectories", "actions", "profile", "collect")  # the params sections it loads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard", default=None, metavar="I/N",

@@ -1,67 +1,82 @@
 """The typed configuration: ``params.yaml`` sections parsed into dataclasses.
 
 This module is the only place that reads ``params.yaml``. Each top-level section maps to one dataclass of
-`pipeline/config_sections.py`; every stage receives the whole `Config` and reads its own section. Unknown or
-mistyped keys fail with a `ConfigError` that names the key and the file. Command-line overrides use dotted keys
-(``--set decode.max_new_tokens=32``) and are typed the same way as the file.
+`pipeline/sections/` (one module per section). A command loads only the sections its stage module names in
+``SECTIONS`` (`load_config(..., sections=...)`): only their modules are imported and validated, so a stage's
+code depends on its own sections and no other (`pipeline/stage_deps.py`). Unknown or mistyped keys of a loaded
+section fail with a `ConfigError` that names the key and the file; an unknown section name always fails.
+Command-line overrides use dotted keys (``--set decode.max_new_tokens=32``) and are typed the same way as
+the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 import yaml
 
 from decoding.errors import UserInputError
-from pipeline.config_sections import (  # noqa: F401  (re-exported: `from pipeline.config import TrainConfig`)
-    ActionsConfig,
-    CollectConfig,
-    DecodeConfig,
-    EvaluateConfig,
-    ExportConfig,
-    ModelConfig,
-    ProfileConfig,
-    PromptsConfig,
-    SamplingConfig,
-    TrackingConfig,
-    TrainConfig,
-    TrainDraftConfig,
-    TrajectoriesConfig,
-)
+from pipeline.sections import SECTION_CLASSES, section_class
+
+SECTIONS = tuple(SECTION_CLASSES)  # every section name, in params.yaml order
 
 
 class ConfigError(UserInputError):
     """A configuration file or override is malformed; the message names the key and the source."""
 
 
-@dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    prompts: PromptsConfig = field(default_factory=PromptsConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    trajectories: TrajectoriesConfig = field(default_factory=TrajectoriesConfig)
-    train_draft: TrainDraftConfig = field(default_factory=TrainDraftConfig)
-    actions: ActionsConfig = field(default_factory=ActionsConfig)
-    collect: CollectConfig = field(default_factory=CollectConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    export: ExportConfig = field(default_factory=ExportConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
-    source: str = "<defaults>"  # where the values came from, for messages
+    """The sections a command loaded, as attributes named like params.yaml's sections (``cfg.collect``),
+    and where their values came from. ``Config()`` holds every section at its defaults.
+
+    Reading a section the command did not load is a bug in the stage module (its ``SECTIONS`` misses it)
+    and raises AttributeError naming the section."""
+
+    def __init__(self, sections: dict[str, Any] | None = None, source: str = "<defaults>",
+                 params_digest: str | None = None):
+        if sections is None:
+            sections = {name: section_class(name)() for name in SECTIONS}
+        unknown = [name for name in sections if name not in SECTION_CLASSES]
+        if unknown:
+            raise ValueError(f"unknown config sections {unknown}")
+        self.__dict__["_sections"] = {name: sections[name] for name in SECTIONS if name in sections}
+        self.source = source
+        # what the whole params file said (every section, loaded or not): the key of a pipeline run
+        self.params_digest = params_digest or _digest(self.to_dict())
+
+    def __getattr__(self, name: str):
+        sections = self.__dict__.get("_sections", {})
+        if name in sections:
+            return sections[name]
+        if name in SECTION_CLASSES:
+            raise AttributeError(f"config section '{name}' was not loaded (loaded: {', '.join(sections)}): the "
+                                 f"command's stage module must name it in SECTIONS")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
+
+    @property
+    def loaded(self) -> tuple[str, ...]:
+        """The names of the sections this config holds."""
+        return tuple(self._sections)
+
+    def replace(self, **sections) -> Config:
+        """A copy with some sections replaced (``cfg.replace(train=dataclasses.replace(cfg.train, epochs=2))``)."""
+        return Config({**self._sections, **sections}, self.source, self.params_digest)
 
     def to_dict(self) -> dict:
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        return {name: dataclasses.asdict(section) for name, section in self._sections.items()}
 
 
-# Section name -> its dataclass, in `Config` field order: a section is registered once, as a field of Config.
-SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(Config).items() if name != "source"}
+def _digest(raw: dict) -> str:
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -105,7 +120,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def _build_section(name: str, values: Any, source: str):
-    cls = SECTIONS[name]
+    cls = section_class(name)
     if values is None:
         values = {}
     if not isinstance(values, dict):
@@ -175,9 +190,11 @@ def _read_params(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     return merged
 
 
-def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = (),
+                sections: tuple[str, ...] | None = None) -> Config:
     """Read ``path`` (missing file = defaults only when path is None; ``extends:`` merges it over another
-    params file, see `_read_params`), then apply ``overrides``."""
+    params file, see `_read_params`), then apply ``overrides``; build and validate ``sections`` (None = all)
+    and the sections ``overrides`` name."""
     raw: dict = {}
     source = "<defaults>"
     if path is not None:
@@ -185,11 +202,15 @@ def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = 
         source = str(path)
         raw = _read_params(path)
     for name in raw:
-        if name not in SECTIONS:
+        if name not in SECTION_CLASSES:
             raise ConfigError(f"{source}: unknown section '{name}' (known: {', '.join(SECTIONS)})")
+    wanted = SECTIONS if sections is None else tuple(sections)
+    for name in wanted:
+        if name not in SECTION_CLASSES:
+            raise ValueError(f"unknown config section {name!r} requested (known: {', '.join(SECTIONS)})")
     for text in overrides:
         section, key, value = parse_override(text)
-        if section not in SECTIONS:
+        if section not in SECTION_CLASSES:
             raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
@@ -197,8 +218,12 @@ def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = 
         raw[section][key] = value
     if overrides:
         source = f"{source} + --set"
-    sections = {name: _build_section(name, raw.get(name), source) for name in SECTIONS}
-    return Config(**sections, source=source)
+        # an overridden section is typed and validated too, also when the command does not read it (scripts
+        # pass one list of overrides to several commands; a typo in it still fails)
+        overridden = {parse_override(text)[0] for text in overrides}
+        wanted = tuple(name for name in SECTIONS if name in wanted or name in overridden)
+    built = {name: _build_section(name, raw.get(name), source) for name in wanted}
+    return Config(built, source=source, params_digest=_digest(raw))
 
 
 def dump_params(cfg: Config) -> str:

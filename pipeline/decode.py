@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
+SECTIONS = ("model", "sampling", "decode")  # the params sections it loads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", help="prompt text (default: decode.prompt)")

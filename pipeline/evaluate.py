@@ -29,6 +29,9 @@ from pathlib import Path
 from decoding.errors import UserInputError
 from decoding.files import write_json_atomic
 
+SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "export", "evaluate")  # the params sections it loads
+
+
 LABEL_COLUMNS = ("split", "context_length", "temperature", "top_p", "source", "l1_p_q_prev")
 
 

@@ -18,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+SECTIONS = ("model", "tracking", "collect", "train", "export")  # the params sections it loads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selector", default=None, help="trained selector folder (default: train.out)")
@@ -64,16 +66,28 @@ def register_selector(client, name: str, run, train_run_id: str | None):
                                        tags=tags)
 
 
+def logged_and_registered(cfg, run, train_run_id: str | None) -> str:
+    """Register the run's ``selector/`` folder when ``export.registered_model`` is set; where it went, in words."""
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import tracking_uri
+
+    where = f"run {run.info.run_id}"
+    if cfg.export.registered_model:
+        version = register_selector(MlflowClient(tracking_uri(cfg)), cfg.export.registered_model, run, train_run_id)
+        where += f"; registered models:/{cfg.export.registered_model}/{version.version}"
+    return where
+
+
 def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: str | None = None) -> str:
     """Log the selector folder as the run's ``selector/`` artifacts, the ONNX model (signature + input example,
     one file) as a logged model for the UI, and register the folder (`register_selector`)."""
     import mlflow
     import numpy as np
     import onnx
-    from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
-    from pipeline.tracking import start_run, tracking_uri
+    from pipeline.tracking import start_run
 
     example = {k: np.asarray(v[:1], dtype=np.float32) for k, v in inputs.items()}
     example["step_seconds"] = np.ones((1, len(sidecar["outputs"]["table"])), dtype=np.float32)
@@ -89,12 +103,7 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: 
             mlflow.log_artifact(str(folder / name), artifact_path="selector")
         mlflow.onnx.log_model(onnx.load(str(folder / "selector.onnx")), name="onnx_model", save_as_external_data=False,
                               signature=infer_signature(example, outputs), input_example=example)
-        where = f"run {run.info.run_id}"
-        if cfg.export.registered_model:
-            version = register_selector(MlflowClient(tracking_uri(cfg)), cfg.export.registered_model, run,
-                                        train_run_id)
-            where += f"; registered models:/{cfg.export.registered_model}/{version.version}"
-        return where
+        return logged_and_registered(cfg, run, train_run_id)
 
 
 def run(cfg, args) -> int:
@@ -135,21 +144,15 @@ def log_cascade_to_mlflow(cfg, folder: Path, side: dict, train_run_id: str | Non
     """Log a cascade folder (``stage1/``, ``stage2/``, ``cascade.json``) as the run's ``selector/`` artifacts and
     register it like a single selector: the downloaded folder is what `export.cascade.load_selector` opens."""
     import mlflow
-    from mlflow import MlflowClient
 
-    from pipeline.tracking import start_run, tracking_uri
+    from pipeline.tracking import start_run
 
     tags = {"cascade": "true", **({"train_run_id": train_run_id} if train_run_id else {})}
     with start_run(cfg, "export", tags=tags) as run:
         mlflow.log_params({"feature_set": "cascade",
                            **{f"{k}.feature_set": v["feature_set"] for k, v in side["stages"].items()}})
         mlflow.log_artifacts(str(folder), artifact_path="selector")
-        where = f"run {run.info.run_id}"
-        if cfg.export.registered_model:
-            version = register_selector(MlflowClient(tracking_uri(cfg)), cfg.export.registered_model, run,
-                                        train_run_id)
-            where += f"; registered models:/{cfg.export.registered_model}/{version.version}"
-        return where
+        return logged_and_registered(cfg, run, train_run_id)
 
 
 def export_one(cfg, args, src: Path, out: Path) -> int:

@@ -22,6 +22,9 @@ import json
 import math
 from pathlib import Path
 
+SECTIONS = ("train_draft", "collect", "evaluate")  # the params sections it loads
+
+
 OUT = "metrics/headline.json"
 KEYS = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_vs_best_static",
         "selector_vs_threshold_chain", "selector_vs_adaptive_chain", "selector_tokens_per_second",

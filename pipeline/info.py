@@ -7,6 +7,9 @@ import importlib.metadata
 import json
 import time
 
+SECTIONS = None  # every section: info prints the resolved config
+
+
 PACKAGES = ["torch", "transformers", "pytorch-lightning", "datasets", "mlflow", "onnxruntime", "dvc", "numpy"]
 
 

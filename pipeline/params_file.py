@@ -1,6 +1,6 @@
 """params.yaml, generated from the config dataclasses (the one place defaults live).
 
-    python -m pipeline.params_file --write   # regenerate params.yaml from pipeline/config_sections.py
+    python -m pipeline.params_file --write   # regenerate params.yaml from pipeline/sections/
     python -m pipeline.params_file --check   # exit 1 when the committed params.yaml differs
 
 Each section is its dataclass's fields in order, with the default values and the comments written next to
@@ -22,11 +22,11 @@ from pathlib import Path
 import yaml
 
 from decoding.files import write_text_atomic
-from pipeline.config import SECTIONS
+from pipeline.sections import SECTION_CLASSES, section_class
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ("# branchpoint parameters: one section per stage, generated from the dataclasses of\n"
-          "# pipeline/config_sections.py (python -m pipeline.params_file --write; edit the defaults there, not here).\n"
+          "# pipeline/sections/ (python -m pipeline.params_file --write; edit the defaults there, not here).\n"
           "# Override any value on the command line: branchpoint <command> --set section.key=value\n")
 
 
@@ -65,9 +65,10 @@ def _section(name: str, cls: type, comments: dict[int, str], lines: list[str]) -
 
 
 def render_params() -> str:
-    """The text of params.yaml: every section of `pipeline.config.SECTIONS` with its defaults."""
+    """The text of params.yaml: every section of `pipeline.sections.SECTION_CLASSES` with its defaults."""
     blocks = []
-    for name, cls in SECTIONS.items():
+    for name in SECTION_CLASSES:
+        cls = section_class(name)
         source_lines = inspect.getsourcelines(sys.modules[cls.__module__])[0]
         comments = _comments("".join(source_lines))
         blocks.append("\n".join(_section(name, cls, comments, source_lines)))
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomic(args.path, text)
         return 0
     if not args.path.is_file() or args.path.read_text() != text:
-        print(f"{args.path} differs from the defaults of pipeline/config_sections.py: run "
+        print(f"{args.path} differs from the defaults of pipeline/sections/: run "
               "`python -m pipeline.params_file --write`", file=sys.stderr)
         return 1
     return 0

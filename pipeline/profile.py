@@ -15,8 +15,11 @@ weights (same shapes, same kernels), so the profile can run before, and independ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
+
+SECTIONS = ("model", "sampling", "decode", "train_draft", "profile")  # the params sections it loads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +64,7 @@ def run(cfg, args) -> int:
 
     from data_collection.profile import profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
+    from data_collection.step_overhead import measure_step_overhead
     from decoding.sampling import Sampling
 
     p = cfg.profile
@@ -72,9 +76,15 @@ def run(cfg, args) -> int:
     meta = {"target": cfg.model.target, "draft": cfg.model.draft, "draft_timed": draft_source,
             "dtype": cfg.model.dtype,
             "settings": {"threads_requested": cfg.model.threads, "context_tokens": "decode.prompt, tiled"}}
+    sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p)
     model = profile_pair(target, draft, vocab, ids, p.contexts, p.draft_rows, p.target_tokens, p.repeats,
-                         p.warmup, p.feature_repeats, Sampling(cfg.sampling.temperature, cfg.sampling.top_p),
-                         progress=None if args.no_progress else "profile", meta=meta)
+                         p.warmup, p.feature_repeats, sampling, progress=None if args.no_progress else "profile",
+                         meta=meta)
+    if p.overhead_tokens:  # whole engine steps, priced by the tables just measured: what they leave out
+        overhead, by_action = measure_step_overhead(target, draft, vocab, ids[: min(p.contexts[-1], 256)], model,
+                                                    new_tokens=p.overhead_tokens, sampling=sampling)
+        model = dataclasses.replace(model, step_overhead=overhead,
+                                    meta={**model.meta, "step_overhead_by_action": by_action})
     model.save(p.out)
     print(f"pair: target {cfg.model.target}, draft {draft_source} (loaded in {load_s:.1f} s); "
           f"{model.meta['device']}, {model.meta['threads']} threads")
@@ -84,6 +94,9 @@ def run(cfg, args) -> int:
         f"n={n} {model.t_p(c, n) * 1e3:.1f}" for n in p.target_tokens if n in (1, 2, 4, 8, 16, 32)))
     print(f"at context {c}: draft step (ms) " + ", ".join(
         f"rows={r} {model.t_q(c, r) * 1e3:.1f}" for r in p.draft_rows))
+    o = model.step_overhead
+    print(f"step overhead beyond the forwards (ms): plain {o['plain'] * 1e3:.2f}, speculative "
+          f"{o['speculative'] * 1e3:.2f} + {o['per_node'] * 1e3:.3f} per tree node")
     print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
           f"in {time.perf_counter() - start:.0f} s")
     return 0

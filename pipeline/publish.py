@@ -19,6 +19,9 @@ import re
 import subprocess
 from pathlib import Path
 
+SECTIONS = ()  # publish reads no params: it pushes what dvc repro made
+
+
 ARTIFACT = "selector"
 
 

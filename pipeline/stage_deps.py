@@ -4,9 +4,10 @@
     python -m pipeline.stage_deps --write   # rewrite the code part of each stage's `deps:` in dvc.yaml
     python -m pipeline.stage_deps --table   # how many stages an edit of each package reruns
 
-A stage's command is ``branchpoint <subcommand>``: it runs `pipeline/cli.py`, which runs the stage
-module of `pipeline.cli.COMMANDS`. Its code deps are the project files reachable from those two
-modules by imports (an AST walk, imports inside functions included, ``if TYPE_CHECKING:`` blocks
+A stage's command is ``branchpoint <subcommand>``: it runs `pipeline/cli.py`, which loads the params
+sections the stage module names in ``SECTIONS`` (`pipeline/sections/<name>.py` each) and runs the stage
+module of `pipeline.cli.COMMANDS`. Its code deps are the project files reachable from those modules
+by imports (an AST walk, imports inside functions included, ``if TYPE_CHECKING:`` blocks
 excluded, package ``__init__`` files included, the lazy names of a package's ``_EXPORTS`` table
 followed), plus the package data a reached module names (a string constant equal to a file or folder
 next to it, e.g. ``"prompt_sets"``). The CLI imports the other stage modules only to register their
@@ -134,8 +135,21 @@ def code_deps(entries: list[str], root: Path = ROOT) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in files)
 
 
+def declared_sections(module: str, root: Path = ROOT) -> list[str]:
+    """The params sections a stage module loads: its ``SECTIONS = (...)`` (None = every section)."""
+    from pipeline.sections import SECTION_CLASSES
+
+    path = module_file(module, root)
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SECTIONS"]:
+            value = ast.literal_eval(node.value)
+            return list(SECTION_CLASSES) if value is None else list(value)
+    raise SystemExit(f"{path}: a stage module must name the params sections it reads in SECTIONS")
+
+
 def stage_entries(dvc: dict) -> dict[str, list[str]]:
-    """Stage -> the modules its command runs (``pipeline.cli`` + the subcommand's stage module)."""
+    """Stage -> the modules its command runs (``pipeline.cli``, the subcommand's stage module and the
+    modules of the params sections that module loads)."""
     from pipeline.cli import COMMANDS
 
     out = {}
@@ -143,7 +157,8 @@ def stage_entries(dvc: dict) -> dict[str, list[str]]:
         words = str(spec["cmd"]).split()
         if words[:1] != ["branchpoint"] or len(words) < 2 or words[1] not in COMMANDS:
             raise SystemExit(f"stage {stage}: cmd {spec['cmd']!r} is not a `branchpoint <subcommand>`")
-        out[stage] = [CLI_MODULE, COMMANDS[words[1]][0]]
+        module = COMMANDS[words[1]][0]
+        out[stage] = [CLI_MODULE, module, *(f"pipeline.sections.{name}" for name in declared_sections(module))]
     return out
 
 
@@ -193,7 +208,8 @@ def rerun_table(dvc: dict, areas: list[str]) -> dict[str, int]:
 
 
 AREAS = ["decoding", "decoding/verifiers", "decoding/engine", "models", "data_collection", "evaluation",
-         "export", "pipeline/config.py"]
+         "export", "pipeline/config.py", "pipeline/sections/model.py", "pipeline/sections/collect.py",
+         "pipeline/sections/evaluate.py", "pipeline/tracking.py"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     dvc = yaml.safe_load(text)
     if args.table:
         for area, n in rerun_table(dvc, AREAS).items():
-            print(f"{area:22s} {n}")
+            print(f"{area:30s} {n}")
         return 0
     if args.write:
         from decoding.files import write_text_atomic

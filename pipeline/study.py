@@ -126,7 +126,7 @@ def cascade(cfg) -> dict:
 
     results, nets = {}, {}
     for fs in ("target_only", "paper"):
-        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, feature_set=fs))
+        c = cfg.replace(train=dataclasses.replace(cfg.train, feature_set=fs))
         _, layout, schema, _, data, _ = training_data(c)
         net = fit_net(c, data, layout, schema)
         results[fs] = score(net, data)

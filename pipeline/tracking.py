@@ -24,8 +24,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipeline.process_start import PROCESS_START_MS  # the CLI imports it first
+
 PARENT_ENV = "BRANCHPOINT_PARENT_RUN_ID"
-PROCESS_START_MS = int(time.time() * 1000)  # when this stage's process imported the module (the CLI does early)
 
 
 def git_revision() -> str:
@@ -44,11 +45,9 @@ def tracking_uri(cfg) -> str:
 
 
 def pipeline_key(cfg, revision: str) -> str:
-    """What identifies one pipeline run: the revision and the resolved config (every section's values)."""
-    import dataclasses
-
-    config = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(f"{revision}\n{tracking_uri(cfg)}\n{config}".encode()).hexdigest()[:16]
+    """What identifies one pipeline run: the revision and the params file's values (every section, the ones
+    the stage did not load included: `Config.params_digest`), so all stages of one `dvc repro` share it."""
+    return hashlib.sha256(f"{revision}\n{tracking_uri(cfg)}\n{cfg.params_digest}".encode()).hexdigest()[:16]
 
 
 def _client(cfg):

@@ -30,6 +30,8 @@ import shutil
 import time
 from pathlib import Path
 
+SECTIONS = ("model", "tracking", "profile", "collect", "train")  # the params sections it loads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
@@ -234,7 +236,7 @@ def run(cfg, args) -> int:
     stages = {}
     for stage, fs in CASCADE_STAGES.items():
         metrics_path = Path(tc.out) / stage / "train_metrics.json"
-        sub = dataclasses.replace(cfg, train=dataclasses.replace(tc, feature_set=fs, out=str(Path(tc.out) / stage),
+        sub = cfg.replace(train=dataclasses.replace(tc, feature_set=fs, out=str(Path(tc.out) / stage),
                                                                  metrics=str(metrics_path)))
         run_name = f"{args.run_name or f'{tc.method}/cascade/{tc.objective}'}/{stage}"
         rc = train_one(sub, argparse.Namespace(**{**vars(args), "run_name": run_name}))
@@ -256,7 +258,7 @@ def cascade_offline(cfg) -> dict:
 
     parts = {}
     for stage, fs in CASCADE_STAGES.items():
-        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, feature_set=fs))
+        c = cfg.replace(train=dataclasses.replace(cfg.train, feature_set=fs))
         data = training_data(c)[4]
         net, _ = load_selector(Path(cfg.train.out) / stage)
         parts[stage] = (net, data, data.subset(data.rows("train")).valid_outputs())

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from decoding.files import write_json_atomic
 
+SECTIONS = ("model", "tracking", "trajectories", "train_draft")  # the params sections it loads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluate-only", action="store_true",

@@ -21,6 +21,9 @@ import dataclasses
 import json
 import time
 
+SECTIONS = ("model", "prompts", "trajectories")  # the params sections it loads
+
+
 DRAFT_SETTING = (1.0, 1.0)  # (temperature, top_p) of the draft split: distillation targets p at T = 1
 
 

@@ -69,3 +69,41 @@ def test_bad_overrides(override, expected):
 def test_missing_file():
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("does/not/exist.yaml")
+
+
+def test_a_command_loads_and_validates_only_its_sections(tmp_path):
+    # a bad value in a section the command does not read does not stop it; reading that section is a bug
+    path = write(tmp_path, "decode:\n  max_new_tokens: 3\nevaluate:\n  ci: 7\n")
+    cfg = load_config(path, sections=("model", "decode"))
+    assert cfg.loaded == ("model", "decode") and cfg.decode.max_new_tokens == 3
+    with pytest.raises(AttributeError, match="section 'evaluate' was not loaded"):
+        _ = cfg.evaluate
+    with pytest.raises(ConfigError, match=r"ci must be in \(0, 1\)"):
+        load_config(path, sections=("evaluate",))
+    # an unknown section name fails whatever is loaded; an overridden section is loaded and checked too
+    with pytest.raises(ConfigError, match="unknown section 'decod'"):
+        load_config(write(tmp_path, "decod:\n  seed: 1\n"), sections=("model",))
+    assert load_config(None, ["evaluate.prompts=3"], sections=("model",)).loaded == ("model", "evaluate")
+    with pytest.raises(ConfigError, match="'evaluate.prompts': expected int"):
+        load_config(None, ["evaluate.prompts=many"], sections=("model",))
+
+
+def test_a_partial_config_keeps_the_whole_files_digest(tmp_path):
+    path = write(tmp_path, "decode:\n  max_new_tokens: 3\n")
+    whole, part = load_config(path), load_config(path, sections=("decode",))
+    assert whole.params_digest == part.params_digest  # one pipeline run in MLflow (pipeline/tracking.py)
+    assert load_config(path, ["model.threads=1"]).params_digest != whole.params_digest
+    replaced = part.replace(decode=Config().decode)
+    assert replaced.decode.max_new_tokens == 64 and part.decode.max_new_tokens == 3
+    assert replaced.params_digest == part.params_digest
+
+
+def test_every_stage_module_names_the_sections_it_reads():
+    import importlib
+
+    from pipeline.cli import COMMANDS
+    from pipeline.sections import SECTION_CLASSES
+
+    for name, (module, _) in COMMANDS.items():
+        sections = importlib.import_module(module).SECTIONS
+        assert sections is None or set(sections) <= set(SECTION_CLASSES), name

@@ -1,4 +1,4 @@
-"""Config validation loads neither numba nor the verifiers (every stage imports pipeline/config.py)."""
+"""Config validation loads neither torch, numba nor the verifiers (every stage imports pipeline/config.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def test_unknown_method_names_the_known_ones():
         check_method_name("traversl")
 
 
-def test_validating_the_params_file_imports_no_numba():
+def test_validating_the_params_file_imports_no_torch_or_numba():
     code = ("import sys; from pipeline.config import load_config; load_config('params.yaml'); "
-            "bad = [m for m in ('numba', 'decoding.verifiers', 'scipy') if m in sys.modules]; "
+            "bad = [m for m in ('torch', 'numba', 'decoding.verifiers', 'scipy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import SECTIONS, load_config
+from pipeline.sections import section_class
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +35,21 @@ def test_deps_exist_and_params_are_config_keys():
                 section, _, field = key.partition(".")
                 assert section in SECTIONS, f"stage {name}: unknown params section in {key}"
                 if field:
-                    names = {f.name for f in dataclasses.fields(SECTIONS[section])}
+                    names = {f.name for f in dataclasses.fields(section_class(section))}
                     assert field in names, f"stage {name}: {key} is not a config key"
+
+
+def test_a_stage_lists_params_only_of_the_sections_its_command_loads():
+    """dvc reruns a stage when a listed param changes: each must be one the stage's code can read, i.e. in a
+    section its module names in SECTIONS (the only sections `branchpoint <cmd>` loads)."""
+    from pipeline.cli import COMMANDS
+    from pipeline.stage_deps import declared_sections
+
+    for name, stage in stages().items():
+        loaded = declared_sections(COMMANDS[stage["cmd"].split()[1]][0])
+        for key in stage.get("params", []):
+            section = (key if isinstance(key, str) else next(iter(key))).partition(".")[0]
+            assert section in loaded, f"stage {name}: param {key} is of a section it does not load ({loaded})"
 
 
 def test_params_file_is_valid():

@@ -35,6 +35,31 @@ def test_tiny_profile_is_a_valid_latency_model(pair, one_thread, tmp_path):
     assert back.step_seconds(10, [Action(2, 1, 1), Action(1, 0, 0)]).shape == (2,)
 
 
+def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwards(pair, one_thread):
+    from data_collection.step_overhead import measure_step_overhead
+
+    target, draft = pair
+    m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 32], draft_rows=[1, 2, 3],
+                     target_tokens=[1, 2, 3, 4, 5, 6], repeats=2, warmup=1, feature_repeats=3)
+    overhead, by_action = measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), m, new_tokens=6)
+    assert set(by_action) == {"1,0,0", "1,0,1", "3,0,1", "1,1,1", "2,1,2"}
+    for row in by_action.values():  # 2 seeds x (steps - 1): the first step of a decode holds the prefill
+        assert row["steps"] >= 2 and row["measured_ms"] > 0
+    assert overhead["plain"] == pytest.approx(by_action["1,0,0"]["overhead_ms"] / 1e3)
+    # the speculative line goes through the residuals of the speculative actions (least squares, 4 points)
+    sizes = {"1,0,1": 1, "3,0,1": 3, "1,1,1": 2, "2,1,2": 5}
+    fit = [overhead["speculative"] + overhead["per_node"] * n for n in sizes.values()]
+    res = [by_action[a]["overhead_ms"] / 1e3 for a in sizes]
+    assert abs(np.mean(np.subtract(res, fit))) < 1e-9  # a least-squares line with an intercept: zero mean residual
+    # priced with it, a model predicts the engine's steps: modelled + overhead = measured (medians, per action)
+    with_overhead = LatencyModel(**{k: getattr(m, k) for k in ("contexts", "draft_rows", "draft_seconds",
+                                                                "target_tokens", "target_seconds",
+                                                                "feature_seconds")}, step_overhead=overhead)
+    ar = by_action["1,0,0"]
+    assert with_overhead.step_seconds(10, [Action(1, 0, 0)])[0] == pytest.approx(
+        m.step_seconds(10, [Action(1, 0, 0)])[0] + ar["overhead_ms"] / 1e3)
+
+
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
     target, draft = pair
     grid = time_grid(target, draft, VOCAB, [5, 6, 7], contexts=[3, 8], draft_rows=[1, 4], target_tokens=[1, 3],

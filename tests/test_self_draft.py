@@ -27,7 +27,7 @@ from models.draft_training import (
 from models.fast_path import PackedLinear
 from models.sampler import Row, sample_continuations
 from models.self_draft import SelfDraft, SelfDraftConfig, SelfDraftError, load_self_draft, save_self_draft
-from pipeline.config import TrainDraftConfig
+from pipeline.sections.train_draft import TrainDraftConfig
 from pipeline.train_draft import distill_hparams
 
 

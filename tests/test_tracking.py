@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.config import load_config
 
@@ -16,8 +17,11 @@ def cfg(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("BRANCHPOINT_PARENT_RUN_ID", raising=False)
     monkeypatch.chdir(tmp_path)  # the sqlite store keeps its artifacts in ./mlruns
-    return load_config(None, [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=bp-test",
-                              f"model.cache_dir={tmp_path / 'cache'}", f"export.out={tmp_path / 'no-selector'}"])
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "bp-test"},
+                                      "model": {"cache_dir": str(tmp_path / "cache")},
+                                      "export": {"out": str(tmp_path / "no-selector")}}))
+    return load_config(params)
 
 
 def _runs(cfg):
@@ -54,13 +58,15 @@ def test_stage_runs_share_one_experiment_and_one_parent(cfg):
 
 
 def test_other_params_start_a_new_parent_and_the_env_var_wins(cfg, monkeypatch):
-    from dataclasses import replace
-
     from pipeline import tracking
 
     first = tracking.parent_run_id(cfg)
     assert tracking.parent_run_id(cfg) == first  # found again through the file under model.cache_dir
-    other = replace(cfg, evaluate=replace(cfg.evaluate, prompts=cfg.evaluate.prompts + 1))
+    # a stage that loads fewer sections of the same params belongs to the same pipeline run ...
+    fewer = load_config(cfg.source, sections=("model", "tracking"))
+    assert tracking.parent_run_id(fewer) == first
+    # ... a value of any section, one the stage does not load included, starts another
+    other = load_config(cfg.source, ["evaluate.prompts=3"])
     assert tracking.parent_run_id(other) != first
     monkeypatch.setenv("BRANCHPOINT_PARENT_RUN_ID", "")
     assert "mlflow.parentRunId" not in tracking.stage_tags(cfg, "export")

@@ -1,0 +1,58 @@
+"""Section `evaluate` of params.yaml: `EvaluateConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EvaluateConfig:
+    """Stage evaluate: TEST prompts decoded end to end with every policy, the report and the findings
+    (pipeline/evaluate.py, evaluation/online.py, evaluation/claims.py)."""
+
+    prompts: int = 24  # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all)
+    seeds: list[int] = field(default_factory=lambda: [0])  # decoding seeds per prompt (units = prompts x seeds)
+    max_new_tokens: int = 32
+    # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is
+    # always included (the reference)
+    methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "gbv"])
+    chain: bool = True  # chain speculative decoding (naive on K = 1) with its best static length
+    adaptive_chain: bool = True  # the acceptance-tracking chain length (decoding.policy.AdaptiveChain), naive
+    # the confidence-threshold chain of HF assisted generation (decoding.threshold_chain), naive, with N (tune_lengths)
+    # and the threshold (tune_thresholds) of the highest tokens/s on tune_prompts TRAIN prompts (tune_max_new_tokens)
+    threshold_chain: bool = True
+    tune_prompts: int = 4
+    tune_max_new_tokens: int = 16
+    tune_lengths: list[int] = field(default_factory=lambda: [4, 8, 20])
+    tune_thresholds: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
+    selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
+    selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
+    warmup: bool = True  # one short untimed decode per policy first
+    bootstrap: int = 2000  # bootstrap resamples (over prompts) of each confidence interval
+    ci: float = 0.95
+    seed: int = 0  # of the prompt subset and the bootstrap
+    train_metrics: str = "metrics/train.json"  # the offline TEST table of the trained selector, shown when present
+    metrics: str = "metrics/evaluate.json"
+    plots: str = "plots/evaluate"  # plot data files for `dvc plots show`
+    report: str = "reports/report.md"  # with its figures in reports/figures/
+
+    def validate(self) -> None:
+        from decoding.method_names import check_method_name
+
+        for m in [*self.methods, *self.selector_methods]:
+            check_method_name(m)
+        if self.prompts < 0 or self.max_new_tokens < 1 or self.bootstrap < 1:
+            raise ValueError(f"prompts must be >= 0, max_new_tokens and bootstrap >= 1, not {self.prompts}, "
+                             f"{self.max_new_tokens}, {self.bootstrap}")
+        if not self.seeds:
+            raise ValueError("seeds must hold at least one seed")
+        if not 0 < self.ci < 1:
+            raise ValueError(f"ci must be in (0, 1), not {self.ci}")
+        if self.threshold_chain and (self.tune_prompts < 1 or self.tune_max_new_tokens < 1 or not self.tune_lengths
+                                     or not self.tune_thresholds):
+            raise ValueError(f"threshold_chain needs tune_prompts and tune_max_new_tokens >= 1 and non-empty "
+                             f"tune_lengths / tune_thresholds, not {self.tune_prompts}, {self.tune_max_new_tokens}, "
+                             f"{self.tune_lengths}, {self.tune_thresholds}")
+        if any(n < 1 for n in self.tune_lengths) or any(not 0 <= t <= 1 for t in self.tune_thresholds):
+            raise ValueError(f"tune_lengths must be >= 1 and tune_thresholds in [0, 1], not {self.tune_lengths}, "
+                             f"{self.tune_thresholds}")

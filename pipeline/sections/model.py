@@ -1,0 +1,28 @@
+"""Section `model` of params.yaml: `ModelConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    # Target LM spec: embedded:<name> | hf:<folder or cached hub id> | gguf:<file.gguf>
+    target: str = "embedded:smollm2-135m-instruct"
+    # Draft LM spec: as for target, or self_draft:<artifact folder> (target's first layers + adapter)
+    draft: str = "self_draft:artifacts/draft"
+    device: str = "auto"  # auto = CUDA when present (under torchrun: cuda:$LOCAL_RANK), else CPU
+    # null = the whole target on `device`; auto (balanced, sequential, ...) = accelerate spreads a target
+    # too large for one GPU over every visible GPU, then CPU memory
+    device_map: str | None = None
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
+    threads: int = 2  # torch CPU threads of every stage that runs the models (decode, profile, collect, evaluate)
+
+    def validate(self) -> None:
+        from models.placement import check_device_map, check_dtype_name
+
+        check_dtype_name(self.dtype)
+        check_device_map(self.device_map)
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, not {self.threads}")

@@ -1,0 +1,36 @@
+"""Section `profile` of params.yaml: `ProfileConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ProfileConfig:
+    """Latency profile (stage profile): the grid the latency model T(c, a) interpolates (decoding/latency.py)."""
+
+    contexts: list[int] = field(default_factory=lambda: [64, 256, 512, 1024])  # context lengths, ascending
+    draft_rows: list[int] = field(default_factory=lambda: [1, 2, 3, 4])  # draft query rows: 1..max K
+    # target tree-pass tokens (root included): every single tree of the CPU action grid (up to 13 tokens)
+    # and the union trees of the labels (up to 40)
+    target_tokens: list[int] = field(default_factory=lambda: [*range(1, 17), 20, 24, 32, 40])
+    repeats: int = 5  # timed rounds per grid cell (the profile holds their median)
+    warmup: int = 1  # untimed rounds first
+    feature_repeats: int = 50  # timed runs of the feature computation
+    # tokens decoded (2 seeds) with each of 5 static actions to measure the step overhead beyond the forwards
+    # (verification, sampling, cache pruning: data_collection.profile.measure_step_overhead); 0 = charge none
+    overhead_tokens: int = 24
+    out: str = "artifacts/latency.json"
+
+    def validate(self) -> None:
+        for name, first in (("contexts", None), ("draft_rows", 1), ("target_tokens", 1)):
+            values = getattr(self, name)
+            if not values or any(b <= a for a, b in zip(values, values[1:], strict=False)) or min(values) < 1:
+                raise ValueError(f"{name} must be a non-empty strictly ascending list of ints >= 1, not {values}")
+            if first is not None and values[0] != first:
+                raise ValueError(f"{name} must start at {first} (the latency model needs it), not {values}")
+        if self.overhead_tokens < 0:
+            raise ValueError(f"overhead_tokens must be >= 0, not {self.overhead_tokens}")
+        if self.repeats < 1 or self.warmup < 0 or self.feature_repeats < 1:
+            raise ValueError(f"repeats and feature_repeats must be >= 1 and warmup >= 0, not "
+                             f"{self.repeats}, {self.feature_repeats}, {self.warmup}")
