@@ -12,11 +12,13 @@ import torch
 
 from decoding.actions import Action, parse_action
 from decoding.engine.generate import SpeculativeDecoder
-from decoding.latency import LatencyModel
+from decoding.latency import LatencyModel, draft_forwards
 from decoding.sampling import Sampling
 
 DEFAULT_SAMPLING = Sampling()
-OVERHEAD_ACTIONS = (Action(1, 0, 0), Action(1, 0, 1), Action(3, 0, 1), Action(1, 1, 1), Action(2, 1, 2))
+# the tree-less step and speculative shapes of varied draft-forward counts (1-4) and tree sizes (1-6)
+OVERHEAD_ACTIONS = (Action(1, 0, 0), Action(1, 0, 1), Action(3, 0, 1), Action(1, 1, 1), Action(2, 1, 2),
+                    Action(1, 2, 1), Action(3, 1, 1), Action(2, 0, 2), Action(1, 3, 0))
 
 
 def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, prompt_ids: Sequence[int],
@@ -24,14 +26,15 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
                           seeds: Sequence[int] = (0, 1), sampling: Sampling = DEFAULT_SAMPLING
                           ) -> tuple[dict, dict]:
     """What a whole engine step costs beyond its forwards: decode ``new_tokens`` after ``prompt_ids`` with each
-    static action that the profiled grid prices (traversal; AR for the tree-less one), time every step but the first (it holds the prefill)
-    and subtract ``model.step_seconds`` at the step's context. Returns ``(overhead, by_action)``: the
+    static action that the profiled grid prices (traversal; AR for the tree-less one), time every step but the
+    first (it holds the prefill) and subtract ``model.step_seconds`` at the step's context. Returns ``(overhead, by_action)``: the
     `LatencyModel.step_overhead` mapping (``plain`` = the median residual of the tree-less steps;
-    ``speculative`` and ``per_node`` = a least-squares line through each speculative action's median
-    residual against its tree size) and, per action, the measured and modelled medians (for the record)."""
+    ``speculative``, ``per_forward`` and ``per_node`` = a least-squares fit of each speculative action's median
+    residual by its number of draft forwards and its tree size) and, per action, the measured, modelled and
+    fitted medians (for the record)."""
     actions = [a for a in actions if a.tree_size + 1 <= model.target_tokens[-1] and a.K <= model.draft_rows[-1]]
     decoder = SpeculativeDecoder(target, draft, vocab_size)
-    by_action, sizes, residuals = {}, [], []
+    by_action = {}
     for action in actions:
         method = "autoregressive" if not action.tree_size else "traversal"
         decoder.generate(list(prompt_ids), 4, method, action, sampling, seed=99)  # warm-up
@@ -48,11 +51,22 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
         residual = float(np.median(np.subtract(measured, modelled)))
         by_action[str(action)] = {"steps": len(measured), "measured_ms": float(np.median(measured)) * 1e3,
                                   "modelled_ms": float(np.median(modelled)) * 1e3, "overhead_ms": residual * 1e3}
-        if action.tree_size:
-            sizes.append(action.tree_size)
-            residuals.append(residual)
     plain = [v["overhead_ms"] / 1e3 for a, v in by_action.items() if parse_action(a).tree_size == 0]
-    if not plain or len(set(sizes)) < 2:
-        raise ValueError("measure_step_overhead needs a tree-less action and speculative actions of two tree sizes")
-    per_node, base = np.polyfit(np.asarray(sizes, dtype=np.float64), np.asarray(residuals), 1)
-    return {"plain": float(np.median(plain)), "speculative": float(base), "per_node": float(per_node)}, by_action
+    spec = [parse_action(a) for a in by_action if parse_action(a).tree_size]
+    forwards = np.bincount(draft_forwards(0, spec)[0], minlength=len(spec))
+    columns = np.stack([np.ones(len(spec)), forwards, [a.tree_size for a in spec]], axis=1).astype(np.float64)
+    if not plain or not spec:
+        raise ValueError("measure_step_overhead needs the tree-less action and at least one speculative action")
+    residuals = np.array([by_action[str(a)]["overhead_ms"] / 1e3 for a in spec])
+    used = 3  # a small grid may price too few shapes to tell forwards from nodes: then fewer terms (0 for the rest)
+    while used > 1 and np.linalg.matrix_rank(columns[:, :used]) < used:
+        used -= 1
+    design = columns[:, :used]
+    coef = np.zeros(3)
+    coef[:used] = np.linalg.lstsq(design, residuals, rcond=None)[0]
+    base, per_forward, per_node = coef
+    for a, fit in zip(spec, columns @ coef, strict=True):
+        by_action[str(a)]["fitted_overhead_ms"] = float(fit) * 1e3
+    overhead = {"plain": float(np.median(plain)), "speculative": float(base), "per_forward": float(per_forward),
+                "per_node": float(per_node)}
+    return overhead, by_action

@@ -13,9 +13,12 @@ Terms:
   already on the CPU.
 - *step overhead* ``step_overhead``: what a whole decoding step of our engine costs beyond its forwards
   (verification, sampling, pruning both caches, bookkeeping), measured by decoding with the engine and
-  subtracting the forwards' modelled times: ``plain`` for a step with no tree, ``speculative + per_node *
-  tree_size`` for a step that drafted a tree (`data_collection.profile.measure_step_overhead`). A profile
-  without it (an older file) charges nothing.
+  subtracting the forwards' modelled times: ``plain`` for a step with no tree, ``speculative + per_forward *
+  draft_forwards + per_node * tree_size`` for a step that drafted a tree
+  (`data_collection.step_overhead.measure_step_overhead`). It also absorbs what the isolated grid timings get
+  wrong about the same forwards inside the loop (a draft forward timed right after a 40-token target pass
+  reads slower than in the engine), so it may be negative. A profile without it (an older file) charges
+  nothing.
 The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
 
 Interpolation (`t_q`, `t_p`): piecewise linear in the context length, extrapolated linearly beyond the
@@ -66,7 +69,7 @@ FORMAT = "branchpoint-latency"
 FORMAT_VERSION = 1
 FEATURE_MODES = (None, "target_only", "paper")
 _KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
-OVERHEAD_KEYS = ("plain", "speculative", "per_node")  # step_overhead: seconds (see the module docstring)
+OVERHEAD_KEYS = ("plain", "speculative", "per_forward", "per_node")  # step_overhead: seconds (module docstring)
 
 
 class LatencyProfileError(UserInputError):
@@ -235,6 +238,7 @@ class LatencyModel:
         object.__setattr__(self, "step_overhead", _overhead(self.step_overhead))
         object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
         object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
+        object.__setattr__(self, "_root_memo", {})  # context length -> root_step_seconds
 
     # --- interpolation ------------------------------------------------------------------------------------
     def t_q(self, l, rows) -> float | np.ndarray:  # noqa: E741 (l: context length, as in ALGORITHMS.md)
@@ -247,32 +251,54 @@ class LatencyModel:
         return _interpolate(self.contexts, self.target_tokens, self.target_seconds, self._target_floor, l, tokens,
                             "t_p: target tokens", "target_tokens")
 
+    def root_step_seconds(self, l: int) -> tuple[float, float]:  # noqa: E741
+        """``(t_q(l, 1), t_p(l, 1))``: one draft and one target step at context ``l`` (the latency features),
+        interpolated for 64 context lengths at once and kept (a decode asks for every length, in order)."""
+        memo = self._root_memo
+        if l not in memo:
+            if len(memo) > 4096:
+                memo.clear()
+            block = np.arange(l, l + 64, dtype=np.float64)
+            pairs = zip(self.t_q(block, 1).tolist(), self.t_p(block, 1).tolist(), strict=True)
+            memo.update(zip(range(l, l + 64), pairs, strict=True))
+        return memo[l]
+
     # --- T(c, a) ------------------------------------------------------------------------------------------
     def step_seconds(self, l: int, actions: ActionSpace | Sequence[Action],  # noqa: E741
                      features: str | None = None) -> np.ndarray:
         """``[A]`` seconds of one decoding step of each action at context length ``l``: ``T(c, a)``."""
+        return self.step_seconds_at(np.array([l]), actions, features)[0]
+
+    def step_seconds_at(self, context_lengths, actions: ActionSpace | Sequence[Action],
+                        features: str | None = None) -> np.ndarray:
+        """``[L, A]`` T(c, a) at each of ``L`` context lengths, vectorized over them (the same sums, in the same
+        order, as one `step_seconds` call per length)."""
+        ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
         k, l1, l2 = _action_arrays(actions)
         num = k.shape[0]
-        idx, ctx, rows = draft_forwards(l, actions, features)
-        seconds = np.zeros(num)
+        idx, rel, rows = draft_forwards(0, actions, features)
+        seconds = np.zeros((num, ls.size))  # [A, L]; forwards are added in order, as np.bincount adds them
         if idx.size:
-            seconds += np.bincount(idx, weights=self.t_q(ctx, rows), minlength=num)
+            np.add.at(seconds, idx, self.t_q(rel[:, None] + ls[None, :], rows[:, None]))
+        seconds = seconds.T.copy()  # [L, A]
         size = l1 + k * l2
-        seconds += self.t_p(np.full(num, float(l)), 1 + size)
+        seconds += self.t_p(np.broadcast_to(ls[:, None], seconds.shape), np.broadcast_to(1 + size, seconds.shape))
         o = self.step_overhead
-        seconds += np.where(size > 0, o["speculative"] + o["per_node"] * size, o["plain"])
+        forwards = np.bincount(draft_forwards(0, actions)[0], minlength=num)  # the action's own draft forwards
+        seconds += np.where(size > 0, o["speculative"] + o["per_forward"] * forwards + o["per_node"] * size,
+                            o["plain"])
         if features is not None:
             seconds += self.feature_seconds
         return seconds
 
     def step_seconds_matrix(self, context_lengths, actions: ActionSpace | Sequence[Action],
                             features: str | None = None) -> np.ndarray:
-        """``[N, A]`` T(c, a) at each root's context length (`step_seconds`, once per distinct length)."""
+        """``[N, A]`` T(c, a) at each root's context length (`step_seconds_at`, once per distinct length)."""
         ctx = np.asarray(context_lengths, dtype=np.int64).reshape(-1)
         uniq, inverse = np.unique(ctx, return_inverse=True)
         if not uniq.size:
             return np.zeros((0, len(actions)))
-        return np.stack([self.step_seconds(int(c), actions, features) for c in uniq])[inverse.reshape(-1)]
+        return self.step_seconds_at(uniq, actions, features)[inverse.reshape(-1)]
 
     # --- persistence --------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

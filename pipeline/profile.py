@@ -96,7 +96,8 @@ def run(cfg, args) -> int:
         f"rows={r} {model.t_q(c, r) * 1e3:.1f}" for r in p.draft_rows))
     o = model.step_overhead
     print(f"step overhead beyond the forwards (ms): plain {o['plain'] * 1e3:.2f}, speculative "
-          f"{o['speculative'] * 1e3:.2f} + {o['per_node'] * 1e3:.3f} per tree node")
+          f"{o['speculative'] * 1e3:.2f} + {o['per_forward'] * 1e3:.2f} per draft forward + "
+          f"{o['per_node'] * 1e3:.3f} per tree node")
     print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
           f"in {time.perf_counter() - start:.0f} s")
     return 0

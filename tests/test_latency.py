@@ -132,20 +132,23 @@ def test_draft_forwards_list_each_forward_with_its_cache_length():
 def test_step_overhead_is_charged_per_step_by_tree_size():
     actions = [Action(1, 0, 0), Action(1, 0, 1), Action(3, 0, 1), Action(2, 2, 3)]
     bare = toy().step_seconds(100, actions)
-    m = toy(step_overhead={"plain": 1e-3, "speculative": 2e-3, "per_node": 0.25e-3})
-    np.testing.assert_allclose(m.step_seconds(100, actions) - bare, [1e-3, 2.25e-3, 2.75e-3, 4e-3], rtol=1e-12)
-    np.testing.assert_allclose(m.step_seconds(100, actions, "target_only") - bare,
-                               np.add([1e-3, 2.25e-3, 2.75e-3, 4e-3], m.feature_seconds), rtol=1e-12)
+    m = toy(step_overhead={"plain": 1e-3, "speculative": 2e-3, "per_forward": -0.5e-3, "per_node": 0.25e-3})
+    # draft forwards: 1,0,1 the root; 3,0,1 the root; 2,2,3 the root, 2 trunk nodes and 2 rollout levels
+    want = [1e-3, 2e-3 - 0.5e-3 + 0.25e-3, 2e-3 - 0.5e-3 + 0.75e-3, 2e-3 - 5 * 0.5e-3 + 8 * 0.25e-3]
+    np.testing.assert_allclose(m.step_seconds(100, actions) - bare, want, rtol=1e-12)
+    np.testing.assert_allclose(m.step_seconds(100, actions, "target_only") - bare, np.add(want, m.feature_seconds),
+                               rtol=1e-12)
     # an older profile (no step_overhead key) charges nothing; the key survives a round trip
     d = m.to_dict()
     assert LatencyModel.from_dict({k: v for k, v in d.items() if k != "step_overhead"}).step_overhead == {
-        "plain": 0.0, "speculative": 0.0, "per_node": 0.0}
+        "plain": 0.0, "speculative": 0.0, "per_forward": 0.0, "per_node": 0.0}
     assert LatencyModel.from_dict(json.loads(json.dumps(d))).step_overhead == m.step_overhead
 
 
 @pytest.mark.parametrize("overhead, fragment", [
     ({"plain": 1e-3}, "step_overhead must have the keys"),
-    ({"plain": 1e-3, "speculative": float("nan"), "per_node": 0.0}, "step_overhead.speculative must be a finite"),
+    ({"plain": 1e-3, "speculative": float("nan"), "per_forward": 0.0, "per_node": 0.0},
+     "step_overhead.speculative must be a finite"),
     ([1e-3], "step_overhead must be a mapping"),
 ])
 def test_malformed_step_overhead(overhead, fragment):

@@ -9,7 +9,7 @@ from engine_helpers import VOCAB, untied_pair
 from tiny_models import tiny_lm
 
 from data_collection.profile import profile_pair, step_times, tile_ids, time_grid
-from decoding.actions import Action
+from decoding.actions import Action, parse_action
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
 from decoding.engine.tree_pass import prefill
@@ -42,22 +42,21 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
     m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 32], draft_rows=[1, 2, 3],
                      target_tokens=[1, 2, 3, 4, 5, 6], repeats=2, warmup=1, feature_repeats=3)
     overhead, by_action = measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), m, new_tokens=6)
-    assert set(by_action) == {"1,0,0", "1,0,1", "3,0,1", "1,1,1", "2,1,2"}
+    assert set(by_action) == {"1,0,0", "1,0,1", "3,0,1", "1,1,1", "2,1,2", "1,2,1", "3,1,1", "2,0,2", "1,3,0"}
     for row in by_action.values():  # 2 seeds x (steps - 1): the first step of a decode holds the prefill
         assert row["steps"] >= 2 and row["measured_ms"] > 0
     assert overhead["plain"] == pytest.approx(by_action["1,0,0"]["overhead_ms"] / 1e3)
-    # the speculative line goes through the residuals of the speculative actions (least squares, 4 points)
-    sizes = {"1,0,1": 1, "3,0,1": 3, "1,1,1": 2, "2,1,2": 5}
-    fit = [overhead["speculative"] + overhead["per_node"] * n for n in sizes.values()]
-    res = [by_action[a]["overhead_ms"] / 1e3 for a in sizes]
-    assert abs(np.mean(np.subtract(res, fit))) < 1e-9  # a least-squares line with an intercept: zero mean residual
-    # priced with it, a model predicts the engine's steps: modelled + overhead = measured (medians, per action)
+    # the fit is least squares with an intercept: its residuals over the speculative shapes sum to zero
+    spec = [a for a in by_action if a != "1,0,0"]
+    assert abs(sum(by_action[a]["overhead_ms"] - by_action[a]["fitted_overhead_ms"] for a in spec)) < 1e-6
+    # priced with it, a model charges each shape its fitted overhead on top of the modelled forwards
     with_overhead = LatencyModel(**{k: getattr(m, k) for k in ("contexts", "draft_rows", "draft_seconds",
                                                                 "target_tokens", "target_seconds",
                                                                 "feature_seconds")}, step_overhead=overhead)
-    ar = by_action["1,0,0"]
-    assert with_overhead.step_seconds(10, [Action(1, 0, 0)])[0] == pytest.approx(
-        m.step_seconds(10, [Action(1, 0, 0)])[0] + ar["overhead_ms"] / 1e3)
+    for a in ("1,0,0", "3,1,1"):
+        fitted = by_action[a].get("fitted_overhead_ms", by_action[a]["overhead_ms"]) / 1e3
+        assert with_overhead.step_seconds(10, [parse_action(a)])[0] == pytest.approx(
+            m.step_seconds(10, [parse_action(a)])[0] + fitted)
 
 
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
@@ -123,6 +122,10 @@ def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, ca
     m = LatencyModel.load(tmp_path / "latency.json")
     assert m.contexts.tolist() == [4, 12] and m.target_tokens.tolist() == [1, 2, 4]
     assert m.meta["threads"] == 1 and m.meta["target"].startswith("hf:")
+    # the grid (K <= 2, trees of <= 3 nodes) prices 1,0,1 1,1,1 1,2,1 1,3,0, whose forwards grow with their
+    # nodes: the fit keeps the constant and the per-forward term and charges nothing per node
+    assert set(m.meta["step_overhead_by_action"]) == {"1,0,0", "1,0,1", "1,1,1", "1,2,1", "1,3,0"}
+    assert m.step_overhead["per_node"] == 0.0 and m.step_overhead["per_forward"] != 0.0
     if draft == "untrained":  # the self-draft is not built yet: an untrained one of the configured shape
         assert m.meta["draft_timed"].startswith("untrained self-draft") and "not_built" in m.meta["draft"]
     else:
