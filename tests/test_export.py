@@ -97,6 +97,14 @@ def test_select_implements_the_protocol(exported):
     x = schema.vectorize(root, toy_latency())
     _, want = _torch_decisions(net, meta, {k: v[None] for k, v in x.items()}, rt.step_seconds(300)[None])
     assert rt.table[int(want[0])] == (choice.method, choice.action)
+    # step_seconds is priced for a block of context lengths and kept: each equals pricing that length alone,
+    # and a caller's edit of a returned array does not reach the kept one
+    lat, extra = toy_latency(), float(rt.sidecar.get("inference_seconds") or 0.0)
+    for c in (300, 301, 363, 364, 2):
+        alone = np.tile(lat.step_seconds(c, rt.actions, features=schema.feature_set) + extra, len(rt.methods))
+        assert np.array_equal(rt.step_seconds(c), alone.astype(np.float32))
+    rt.step_seconds(301)[:] = -1
+    assert (rt.step_seconds(301) > 0).all()
     with pytest.raises(FeatureError, match="NaN"):
         rt.select(RootFeatures(300, Sampling(0.7), p * np.nan, p, p, root.h_p_prev, root.h_q_prev, root.h_q_root))
     with pytest.raises(FeatureError, match="h_q_root"):

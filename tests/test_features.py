@@ -128,3 +128,31 @@ def test_policies():
     assert isinstance(as_policy(Action(2, 1, 1)), StaticPolicy)
     with pytest.raises(TypeError, match="select"):
         as_policy("2,1,1")
+
+
+def test_entropy_and_kl_equal_the_masked_definitions_bit_for_bit():
+    """The fast forms (zero terms take log 1) sum exactly the terms of sum over p > 0 of p log p (q floored)."""
+    from decoding.features import EPS
+
+    rng = np.random.default_rng(3)
+    rows = rng.dirichlet(np.full(4096, 0.05), size=3)  # many entries underflow to exactly 0
+    rows[:, ::7] = 0.0
+    rows /= rows.sum(axis=1, keepdims=True)
+    p, q = rows[0], rows[1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want_h = -np.where(rows > 0, rows * np.log(rows), 0.0).sum(axis=-1)
+        want_kl = [np.where(a > 0, a * (np.log(a) - np.log(np.maximum(b, EPS))), 0.0).sum() for a, b in
+                   ((p, q), (q, p), (p, p))]
+    assert (rows == 0).any() and np.array_equal(entropy(rows), want_h) and entropy(p) == want_h[0]
+    assert [kl(p, q), kl(q, p), kl(p, p)] == want_kl and np.isfinite(want_kl).all()
+
+
+def test_one_root_entropy_is_shared_only_by_the_same_row_object():
+    from decoding.features import probability_scalars
+
+    p = np.full(8, 1 / 8)
+    first = probability_scalars(p)[0]
+    other = np.zeros(8)
+    other[0] = 1.0
+    assert first == pytest.approx(np.log(8)) and probability_scalars(other)[0] == 0.0  # a new row: recomputed
+    assert probability_scalars(p)[0] == first

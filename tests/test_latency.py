@@ -208,3 +208,22 @@ def test_imports_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout) > 0
+
+
+def test_vectorized_pricing_is_bit_identical_to_one_length_at_a_time():
+    m = toy(step_overhead={"plain": 1e-4, "speculative": -2e-3, "per_forward": 3e-4, "per_node": 1e-5})
+    space = ActionSpace.from_config({"K": [1, 3], "L1": [0, 3], "L2": [0, 3]})
+    lengths = [0, 7, 99, 100, 250, 401, 5000]
+    for features in (None, "target_only", "paper"):
+        block = m.step_seconds_at(lengths, space, features)
+        for row, l in zip(block, lengths, strict=True):  # noqa: E741
+            one = m.step_seconds(l, space, features)
+            assert np.array_equal(row, one)
+            # the scalar pricing sums the same forwards in the same order as before vectorizing: np.bincount
+            k, l1, l2 = (np.array([getattr(a, f) for a in space]) for f in ("K", "L1", "L2"))
+            idx, ctx, rows = draft_forwards(l, space, features)
+            ref = np.zeros(len(space)) + np.bincount(idx, weights=m.t_q(ctx, rows), minlength=len(space))
+            ref += m.t_p(np.full(len(space), float(l)), 1 + l1 + k * l2)
+            assert np.all(np.abs(ref - one) < 5e-3)  # the rest is the overhead (and the feature cost)
+    for l in (0, 63, 64, 300):  # noqa: E741
+        assert m.root_step_seconds(l) == (m.t_q(float(l), 1), m.t_p(float(l), 1))
