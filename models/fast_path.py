@@ -35,10 +35,21 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype in _PACK_DTYPES and torch.backends.mkldnn.is_available()
 
 
-def _version(t: torch.Tensor) -> int:
+def weight_version(t: torch.Tensor) -> int:
     """In-place update counter of ``t``; -1 for an inference tensor (made under ``torch.inference_mode``,
     which keeps no counter)."""
     return -1 if t.is_inference() else t._version
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] reordered once into oneDNN's blocked layout (for `packed_linear`)."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` on a weight packed by `pack_weight` (CPU float32, no autograd)."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
 class PackedLinear(nn.Module):
@@ -55,9 +66,8 @@ class PackedLinear(nn.Module):
 
     def repack(self) -> None:
         """(Re)build the packed copy from the current weight."""
-        with torch.no_grad():
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-        self._packed_version = _version(self.weight)
+        self._packed = pack_weight(self.weight)
+        self._packed_version = weight_version(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad or
@@ -65,10 +75,9 @@ class PackedLinear(nn.Module):
             return nn.functional.linear(x, self.weight, self.bias)
         if x.device.type != "cpu" or x.dtype not in _PACK_DTYPES:
             return nn.functional.linear(x, self.weight, self.bias)
-        if _version(self.weight) != self._packed_version:
+        if weight_version(self.weight) != self._packed_version:
             self.repack()
-        bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, bias, "none", [], "")
+        return packed_linear(x, self._packed, None if self.bias is None else self.bias.detach())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

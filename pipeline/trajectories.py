@@ -7,8 +7,8 @@ Reads: params ``model.*``, ``prompts.*``, ``trajectories.*``. Writes: the folder
 2. encode each prompt with the chat template (`data_collection.prompts.encode_prompt`);
 3. give each prompt its settings: ``draft`` prompts T = 1, top-p 1 (what distillation needs); a
    train/val/test prompt one setting of the grid ``temperatures x top_ps`` picked by a seeded hash of its
-   id (``all_settings: true``: every setting); ``samples_per_prompt`` trajectories per (prompt, setting),
-   each with a seed hashed from (seed, prompt id, setting, sample), so a prompt's trajectories do not
+   id (``all_settings: true``: every setting); ``samples_per_prompt`` trajectories per (prompt, setting)
+   (``draft_samples_per_prompt`` per draft prompt: more distillation data), each with a seed hashed from (seed, prompt id, setting, sample), so a prompt's trajectories do not
    change when prompts are added or the batch size changes;
 4. sample them in batches (`models.sampler`) and save them once. train_draft and collect read them;
    nothing samples the same continuations again.
@@ -61,8 +61,9 @@ def plan(cfg, tokenizer) -> list[dict]:
     for split in SPLITS:
         for pid, source, text in zip(*(splits[split][c] for c in ("prompt_id", "source", "text")), strict=True):
             ids = encode_prompt(text, tokenizer, cfg.prompts.chat_template)[-tc.max_prompt_tokens:]
+            samples = tc.draft_samples_per_prompt if split == "draft" else tc.samples_per_prompt
             for setting in settings_of(cfg, pid, split):
-                for sample in range(tc.samples_per_prompt):
+                for sample in range(samples):
                     entries.append({"prompt_id": pid, "source": source, "split": split, "temperature": setting[0],
                                     "top_p": setting[1], "sample": sample, "prompt_ids": ids,
                                     "seed": row_seed(tc.seed, pid, setting, sample)})

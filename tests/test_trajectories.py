@@ -153,7 +153,8 @@ def test_stage_splits_settings_and_seeded_reproduction(stage_args, tmp_path):
     from data_collection.prompts import encode_prompt
     from models.loading import load_tokenizer
 
-    one = ("--set", "trajectories.all_settings=false")  # one setting per prompt (the default is every setting)
+    one = ("--set", "trajectories.all_settings=false",  # one setting per prompt (the default is every setting)
+           "--set", "trajectories.draft_samples_per_prompt=1")
     first = run_stage(stage_args, tmp_path / "a", *one)
     assert run_stage(stage_args, tmp_path / "b", *one, "--set", "trajectories.batch_size=7") == first
     by_split = {s: [t for t in first if t.split == s] for s in ("draft", "train", "val", "test")}
@@ -177,3 +178,21 @@ def test_stage_all_settings_and_greedy(stage_args, tmp_path):
         assert {t.setting for t in out if t.prompt_id == pid} == {(0.0, 1.0), (0.0, 0.5), (1.0, 1.0), (1.0, 0.5)}
     greedy = {t.prompt_id: t.continuation_ids for t in out if t.setting == (0.0, 1.0)}
     assert greedy == {t.prompt_id: t.continuation_ids for t in out if t.setting == (0.0, 0.5)}
+
+
+def test_draft_prompts_get_their_own_sample_count(stage_args, tmp_path):
+    """``draft_samples_per_prompt`` adds distillation trajectories of the draft prompts only: distinct seeded
+    samples, and the train/val/test trajectories are the very same as with one draft sample."""
+    base = ("--set", "trajectories.all_settings=false")
+    one = run_stage(stage_args, tmp_path / "one", *base, "--set", "trajectories.draft_samples_per_prompt=1")
+    three = run_stage(stage_args, tmp_path / "three", *base, "--set", "trajectories.draft_samples_per_prompt=3")
+    draft_one = [t for t in one if t.split == "draft"]
+    draft_three = [t for t in three if t.split == "draft"]
+    assert len(draft_three) == 3 * len(draft_one) > 0
+    for pid in {t.prompt_id for t in draft_one}:
+        samples = [t for t in draft_three if t.prompt_id == pid]
+        assert sorted(t.sample for t in samples) == [0, 1, 2]
+    distinct = {(t.prompt_id, tuple(t.continuation_ids)) for t in draft_three}  # own seeds: new continuations
+    assert len(distinct) > 2 * len(draft_one)
+    assert [t for t in three if t.split != "draft"] == [t for t in one if t.split != "draft"]
+    assert [t for t in draft_three if t.sample == 0] == draft_one

@@ -17,9 +17,9 @@ class ProfileConfig:
     repeats: int = 5  # timed rounds per grid cell (the profile holds their median)
     warmup: int = 1  # untimed rounds first
     feature_repeats: int = 50  # timed runs of the feature computation
-    # tokens decoded (2 seeds) with each of 5 static actions to measure the step overhead beyond the forwards
-    # (verification, sampling, cache pruning: data_collection.profile.measure_step_overhead); 0 = charge none
-    overhead_tokens: int = 24
+    # tokens decoded (2 seeds) with each of 9 static actions to measure the step overhead beyond the forwards
+    # (verification, sampling, cache pruning: data_collection.step_overhead); 0 = charge none
+    overhead_tokens: int = 32
     out: str = "artifacts/latency.json"
 
     def validate(self) -> None:
