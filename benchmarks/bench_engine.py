@@ -7,7 +7,8 @@ models/fast_path.py); "stock" is a deep copy with plain ``nn.Linear`` modules (t
    packed and stock (goal: <= 1.15 for n <= 4, <= 1.4 for n = 8);
 3. ``step_split``: one decode step's parts (action 2,2,3, context 256), packed and stock;
 4. ``draft_vs_target``: draft step / target step (the configured self-draft; untrained when its
-   artifact is not built: same shapes, same cost);
+   artifact is not built: same shapes, same cost), packed, packed with the shared layers through HF's
+   modules instead of models/lean_layers.py (``packed_hf_layers``), and stock;
 5. ``autoregressive_vs_hf``: our greedy autoregressive loop vs transformers ``generate`` on the same
    (packed) weights and on the stock weights (goal >= 1.3x);
 6. block efficiency and tokens/s of every method with a static action vs autoregressive sampling on the
@@ -209,11 +210,17 @@ def main() -> None:
                                 "stock": step_split(stock, stock_draft, pair.vocab_size, context, action, reps)}
         print("step split (ms): " + json.dumps(result["step_split"]), flush=True)
     if "draft" not in skip:
+        hf_layers = {}
+        if hasattr(packed_draft, "lean"):  # the self-draft's shared layers through HF's modules (models/lean_layers.py off)
+            packed_draft.lean = False
+            hf_layers = {"packed_hf_layers": step_times(pair.target, packed_draft, context, pair.vocab_size, reps * 2)}
+            packed_draft.lean = True
         result["draft_vs_target"] = {"draft": timing_note,
                                      "packed": step_times(pair.target, packed_draft, context, pair.vocab_size, reps * 2),
+                                     **hf_layers,
                                      "stock": step_times(stock, stock_draft, context, pair.vocab_size, reps * 2)}
-        print("draft step / target step: packed {:.3f}, stock {:.3f}".format(
-            *(result["draft_vs_target"][k]["step_time_ratio"] for k in ("packed", "stock"))), flush=True)
+        print("draft step / target step: " + ", ".join(
+            f"{k} {v['step_time_ratio']:.3f}" for k, v in result["draft_vs_target"].items() if k != "draft"), flush=True)
     del stock_draft
     if "ar" not in skip:
         result["autoregressive_vs_hf"] = ar_vs_hf(pair, stock, prompts[0], 16 if args.quick else 48, max(3, reps // 2))
