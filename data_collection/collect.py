@@ -31,8 +31,14 @@ from decoding.actions import ActionSpace
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_layout
 from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import causal_allowed, forward_nodes, hidden_numpy, target_tree_pass
-from decoding.features import probability_scalars
+from decoding.engine.tree_pass import (
+    causal_allowed,
+    forward_nodes,
+    hidden_numpy,
+    input_embeddings,
+    target_tree_pass,
+)
+from decoding.features import HIDDEN_COLUMNS, probability_scalars
 from decoding.files import stable_hash64
 from decoding.labels import union_labels
 from decoding.sampling import Sampling
@@ -49,6 +55,7 @@ class RootRows:
     h_p_prev: list[np.ndarray] = field(default_factory=list)  # [H_p] float16
     h_q_prev: list[np.ndarray] = field(default_factory=list)  # [H_q] float16
     h_q_root: list[np.ndarray] = field(default_factory=list)  # [H_q] float16
+    e_root: list[np.ndarray] = field(default_factory=list)  # [H_p] float16, the target's embedding of the root token
     probability_scalars: list[np.ndarray] = field(default_factory=list)  # [6] float64, decoding.features order
     labels: dict[str, list[np.ndarray]] = field(default_factory=dict)  # method -> R x [A] mean over trees
     label_se: dict[str, list[np.ndarray]] = field(default_factory=dict)  # method -> R x [A] std error over trees
@@ -125,12 +132,13 @@ class RootCollector:
             "h_p_prev": hidden_numpy(h_p[prev]),  # [R, H_p]
             "h_q_prev": hidden_numpy(h_q[prev]),  # [R, H_q]
             "h_q_root": hidden_numpy(h_q[prev + 1]),  # [R, H_q]
+            "e_root": input_embeddings(self.target, [seq[r] for r in positions]),  # [R, H_p]
         }
 
     @torch.inference_mode()
     def features(self, seq: list[int], positions: list[int], sampling: Sampling) -> dict[str, np.ndarray]:
         """The raw features of the roots at ``positions`` (what `decoding.policy.RootFeatures` holds):
-        ``p_prev``, ``q_prev``, ``q_root`` ``[R, V]`` and ``h_p_prev``, ``h_q_prev``, ``h_q_root`` ``[R, H]``."""
+        ``p_prev``, ``q_prev``, ``q_root`` ``[R, V]`` and ``h_p_prev``, ``h_q_prev``, ``h_q_root``, ``e_root`` ``[R, H]``."""
         pre = self._prefill(seq, positions, sampling)
         return {k: v for k, v in pre.items() if k not in ("kv_t", "kv_d", "seconds")}
 
@@ -148,7 +156,7 @@ class RootCollector:
                                 root_seed(self.seed, key, r))
             out.position.append(r)
             out.root_token.append(int(seq[r]))
-            for name in ("h_p_prev", "h_q_prev", "h_q_root"):
+            for name in HIDDEN_COLUMNS:
                 getattr(out, name).append(pre[name][i].astype(np.float16))
             out.probability_scalars.append(scalars[i])
             for m in self.methods:

@@ -13,7 +13,7 @@ from the current run is refused with one line naming the differing keys (or wipe
 
 Columns (one row per root): metadata (``key``, ``prompt_id``, ``source``, ``split``, ``temperature``,
 ``top_p``, ``sample``, ``position``, ``context_length``, ``root_token``), features (``h_p_prev``,
-``h_q_prev``, ``h_q_root`` as float16 vectors and the stored scalars of `decoding.features`), labels
+``h_q_prev``, ``h_q_root``, ``e_root`` as float16 vectors and the stored scalars of `decoding.features`), labels
 (``E_<method>``: Ê(c, a) for every action of the grid, float32 [A]; ``E_se_<method>``: its standard
 error over the union trees) and timings (``seconds_draft``, ``seconds_target``, ``seconds_labels``).
 Load with `load_collected` (a ``datasets.Dataset``) or ``datasets.load_dataset("parquet", ...)``.
@@ -35,7 +35,7 @@ from decoding.files import read_json, sha256_file, write_json_atomic
 
 from .dataset_schema import is_label_column, label_column
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the e_root column (decoding.features.HIDDEN_COLUMNS)
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
 

@@ -2,7 +2,7 @@
 
 Each row is one root c of a trajectory: its identity (``key``, ``prompt_id``, ``source``, ``split``, the
 sampling setting, ``position`` = ``context_length``, ``root_token``), the hidden states of the features
-(``h_p_prev``, ``h_q_prev``, ``h_q_root``, float16), the probability scalars
+(`decoding.features.HIDDEN_COLUMNS`: ``h_p_prev``, ``h_q_prev``, ``h_q_root``, ``e_root``, float16), the probability scalars
 (`decoding.features.PROBABILITY_SCALARS`), per method the labels Ê(c, a) over the action space and their
 standard errors (`label_column`, `label_se_column`), and the collection's seconds per root
 (`seconds_column`). `rows_table` writes `RootRows` (data_collection/collect.py) as one shard's table;
@@ -43,11 +43,11 @@ def rows_table(trajs, rows_list, methods, space_size: int):
     import numpy as np
     import pyarrow as pa
 
-    from decoding.features import PROBABILITY_SCALARS
+    from decoding.features import HIDDEN_COLUMNS, PROBABILITY_SCALARS
 
     cols: dict[str, list] = {k: [] for k in ("key", "prompt_id", "source", "split", "temperature", "top_p",
                                              "sample", "position", "context_length", "root_token")}
-    hidden = {k: [] for k in ("h_p_prev", "h_q_prev", "h_q_root")}
+    hidden = {k: [] for k in HIDDEN_COLUMNS}
     scalars: list[np.ndarray] = []
     labels = {m: [] for m in methods}
     se = {m: [] for m in methods}

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from decoding.actions import Action, parse_action
+from decoding.actions import Action
 from decoding.engine.generate import SpeculativeDecoder
 from decoding.latency import LatencyModel, draft_forwards
 from decoding.sampling import Sampling
@@ -37,7 +37,7 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
     throughput pays the mean. With medians the model priced the online steps 1-3 ms too cheap."""
     actions = [a for a in actions if a.tree_size + 1 <= model.target_tokens[-1] and a.K <= model.draft_rows[-1]]
     decoder = SpeculativeDecoder(target, draft, vocab_size)
-    by_action = {}
+    by_action, measured_actions = {}, {}  # str(action) -> its row / the Action itself (keys in measuring order)
     for action in actions:
         method = "autoregressive" if not action.tree_size else "traversal"
         decoder.generate(list(prompt_ids), 4, method, action, sampling, seed=99)  # warm-up
@@ -55,12 +55,13 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
         by_action[str(action)] = {"steps": len(measured), "measured_ms": float(np.mean(measured)) * 1e3,
                                   "measured_median_ms": float(np.median(measured)) * 1e3,
                                   "modelled_ms": float(np.mean(modelled)) * 1e3, "overhead_ms": residual * 1e3}
-    plain = [v["overhead_ms"] / 1e3 for a, v in by_action.items() if parse_action(a).tree_size == 0]
-    spec = [parse_action(a) for a in by_action if parse_action(a).tree_size]
-    forwards = np.bincount(draft_forwards(0, spec)[0], minlength=len(spec))
-    columns = np.stack([np.ones(len(spec)), forwards, [a.tree_size for a in spec]], axis=1).astype(np.float64)
+        measured_actions[str(action)] = action
+    plain = [by_action[str(a)]["overhead_ms"] / 1e3 for a in measured_actions.values() if a.tree_size == 0]
+    spec = [a for a in measured_actions.values() if a.tree_size]
     if not plain or not spec:
         raise ValueError("measure_step_overhead needs the tree-less action and at least one speculative action")
+    forwards = np.bincount(draft_forwards(0, spec)[0], minlength=len(spec))
+    columns = np.stack([np.ones(len(spec)), forwards, [a.tree_size for a in spec]], axis=1).astype(np.float64)
     residuals = np.array([by_action[str(a)]["overhead_ms"] / 1e3 for a in spec])
     used = 3  # a small grid may price too few shapes to tell forwards from nodes: then fewer terms (0 for the rest)
     while used > 1 and np.linalg.matrix_rank(columns[:, :used]) < used:
@@ -71,6 +72,8 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
     base, per_forward, per_node = coef
     for a, fit in zip(spec, columns @ coef, strict=True):
         by_action[str(a)]["fitted_overhead_ms"] = float(fit) * 1e3
-    overhead = {"plain": float(np.median(plain)), "speculative": float(base), "per_forward": float(per_forward),
+    # plain: the mean over the tree-less actions of their mean residuals (means, as above); with the one tree-less
+    # action of OVERHEAD_ACTIONS (AR) that is its own mean residual
+    overhead = {"plain": float(np.mean(plain)), "speculative": float(base), "per_forward": float(per_forward),
                 "per_node": float(per_node)}
     return overhead, by_action

@@ -203,6 +203,31 @@ def _forward_layout(k: tuple[int, ...], l1: tuple[int, ...], l2: tuple[int, ...]
     return out[:, 0], out[:, 1], out[:, 2]
 
 
+class BlockMemo:
+    """Prices kept per context length, computed a block of ``block`` lengths at a time: a decode asks for every
+    length once, in order, so one vectorized pricing of ``c .. c + block - 1`` serves the next ``block`` asks.
+    ``price_block(lengths)`` gets the int64 lengths ``[block]`` and returns one entry per length (a list or an
+    array's rows); `get` hands back the kept entry itself (copy a mutable one before giving it out). The memo
+    is emptied before a block is added once it holds more than ``max_entries`` lengths (a long run of decodes
+    does not grow it without bound)."""
+
+    def __init__(self, price_block, block: int = 64, max_entries: int = 4096) -> None:
+        self.price_block = price_block
+        self.block = block
+        self.max_entries = max_entries
+        self._kept: dict[int, object] = {}  # context length -> its entry
+
+    def get(self, c: int):
+        """The entry of context length ``c`` (pricing the block that starts at ``c`` when it is not kept)."""
+        kept = self._kept
+        if c not in kept:
+            if len(kept) > self.max_entries:
+                kept.clear()
+            lengths = np.arange(c, c + self.block)
+            kept.update(zip(lengths.tolist(), self.price_block(lengths), strict=True))
+        return kept[c]
+
+
 @dataclass(frozen=True, eq=False)
 class LatencyModel:
     """Profiled step times and their interpolation (see the module docstring)."""
@@ -238,7 +263,7 @@ class LatencyModel:
         object.__setattr__(self, "step_overhead", _overhead(self.step_overhead))
         object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
         object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
-        object.__setattr__(self, "_root_memo", {})  # context length -> root_step_seconds
+        object.__setattr__(self, "_root_memo", BlockMemo(self._root_block))  # context length -> root_step_seconds
 
     # --- interpolation ------------------------------------------------------------------------------------
     def t_q(self, l, rows) -> float | np.ndarray:  # noqa: E741 (l: context length, as in ALGORITHMS.md)
@@ -253,15 +278,13 @@ class LatencyModel:
 
     def root_step_seconds(self, l: int) -> tuple[float, float]:  # noqa: E741
         """``(t_q(l, 1), t_p(l, 1))``: one draft and one target step at context ``l`` (the latency features),
-        interpolated for 64 context lengths at once and kept (a decode asks for every length, in order)."""
-        memo = self._root_memo
-        if l not in memo:
-            if len(memo) > 4096:
-                memo.clear()
-            block = np.arange(l, l + 64, dtype=np.float64)
-            pairs = zip(self.t_q(block, 1).tolist(), self.t_p(block, 1).tolist(), strict=True)
-            memo.update(zip(range(l, l + 64), pairs, strict=True))
-        return memo[l]
+        interpolated for a block of context lengths at once and kept (`BlockMemo`)."""
+        return self._root_memo.get(l)
+
+    def _root_block(self, lengths: np.ndarray) -> list[tuple[float, float]]:
+        """``(t_q, t_p)`` of one-row / one-token steps at each of ``lengths`` (for `root_step_seconds`)."""
+        ls = lengths.astype(np.float64)
+        return list(zip(self.t_q(ls, 1).tolist(), self.t_p(ls, 1).tolist(), strict=True))
 
     # --- T(c, a) ------------------------------------------------------------------------------------------
     def step_seconds(self, l: int, actions: ActionSpace | Sequence[Action],  # noqa: E741

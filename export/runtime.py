@@ -32,7 +32,7 @@ from decoding.actions import parse_action
 from decoding.errors import UserInputError
 from decoding.features import FeatureError, FeatureSchema
 from decoding.files import read_json, sha256_file
-from decoding.latency import LatencyModel
+from decoding.latency import BlockMemo, LatencyModel
 from decoding.policy import Choice, RootFeatures
 
 ONNX_FILE = "selector.onnx"
@@ -81,7 +81,7 @@ def check_sidecar_schema(features: dict, schema: FeatureSchema, where: str | Pat
             "was exported by another version of branchpoint: re-export it")
 
 
-SECONDS_BLOCK = 64  # context lengths priced together by `SelectorRuntime.step_seconds`
+SECONDS_BLOCK = 64  # context lengths priced together by `SelectorRuntime.step_seconds` (at most 8 blocks kept)
 
 
 class SelectorRuntime:
@@ -126,7 +126,7 @@ class SelectorRuntime:
         self.output_names = tuple(out.get("names") or OUTPUTS)
         self._check_session()
         check_sidecar_schema(self.sidecar["features"], self.schema, self.folder / SIDECAR_FILE)
-        self._seconds: dict[int, np.ndarray] = {}  # context length -> step_seconds (see there)
+        self._seconds = BlockMemo(self._price_block, SECONDS_BLOCK, 8 * SECONDS_BLOCK)  # context length -> step_seconds
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
         self.feature_set = self.schema.feature_set
@@ -161,17 +161,15 @@ class SelectorRuntime:
     def step_seconds(self, context_length: int) -> np.ndarray:
         """``[outputs]`` T(c, a) of every output at this context length: the step as the latency model prices it
         with the features' cost, plus the selector's own inference time (what training charged). Priced for
-        `SECONDS_BLOCK` context lengths at once and kept (a decode asks for every length once, in order)."""
-        c = int(context_length)
-        if c not in self._seconds:
-            if len(self._seconds) > 8 * SECONDS_BLOCK:
-                self._seconds.clear()
-            block = np.arange(c, c + SECONDS_BLOCK)
-            per_action = self.latency.step_seconds_at(block, self.actions, features=self.schema.feature_set)
-            per_action = per_action + float(self.sidecar.get("inference_seconds") or 0.0)
-            table = np.tile(per_action, (1, len(self.methods))).astype(np.float32)  # [block, outputs]
-            self._seconds.update(zip(block.tolist(), table, strict=True))
-        return self._seconds[c].copy()
+        `SECONDS_BLOCK` context lengths at once and kept (`decoding.latency.BlockMemo`); a copy, so a caller's
+        edit does not reach the kept row."""
+        return self._seconds.get(int(context_length)).copy()
+
+    def _price_block(self, lengths: np.ndarray) -> np.ndarray:
+        """``[block, outputs]`` float32 `step_seconds` of each of the context lengths ``lengths`` ``[block]``."""
+        per_action = self.latency.step_seconds_at(lengths, self.actions, features=self.schema.feature_set)
+        per_action = per_action + float(self.sidecar.get("inference_seconds") or 0.0)
+        return np.tile(per_action, (1, len(self.methods))).astype(np.float32)
 
     def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first); for a

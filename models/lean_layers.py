@@ -33,6 +33,12 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+def _linears(layer: nn.Module) -> list[nn.Module]:
+    """The layer's linear modules whose weights `LeanLayers` fuses: attention's ``_ATTN``, then the MLP's ``_MLP``."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [getattr(attn, n) for n in _ATTN] + [getattr(mlp, n) for n in _MLP]
+
+
 def supports(layer: nn.Module) -> bool:
     """Whether ``layer`` has the plain Llama-family form `LeanLayers` computes."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -44,8 +50,7 @@ def supports(layer: nn.Module) -> bool:
         return False
     act = getattr(getattr(layer.mlp, "config", None), "hidden_act", None)
     rotary = getattr(sys.modules.get(type(layer).__module__), "apply_rotary_pos_emb", None)
-    linears = [getattr(attn, n) for n in _ATTN] + [getattr(mlp, n) for n in _MLP]
-    weights = [m.weight for m in linears]
+    weights = [m.weight for m in _linears(layer)]
     return (act == "silu" and rotary is not None and getattr(attn, "head_dim", None) is not None
             and all(can_pack(w.device, w.dtype) for w in weights))
 
@@ -63,19 +68,16 @@ class _Lean:
         self.scale = attn.scaling
         self.width = mlp.gate_proj.out_features
         self.rotary = sys.modules[type(layer).__module__].apply_rotary_pos_emb
-        self.sources = [getattr(attn, n) for n in _ATTN] + [getattr(mlp, n) for n in _MLP]
+        self.sources = _linears(layer)  # the modules whose weights the fused copies are made from
         self.pack()
 
-    def versions(self) -> tuple[int, ...]:
-        return tuple(weight_version(m.weight) for m in self.sources)
-
     def pack(self) -> None:
+        """(Re)build the fused, packed copies from the source weights as they are now."""
         attn, mlp = self.layer.self_attn, self.layer.mlp
         self.qkv, self.qkv_bias = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o, self.o_bias = _fused([attn.o_proj])
         self.gate_up, self.gate_up_bias = _fused([mlp.gate_proj, mlp.up_proj])
         self.down, self.down_bias = _fused([mlp.down_proj])
-        self.packed_versions = self.versions()
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, cache) -> torch.Tensor:
         batch, n, _ = h.shape
@@ -102,7 +104,8 @@ def _fused(linears: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]
         weight = torch.cat([m.weight.detach() for m in linears], dim=0)
         biases = [m.bias for m in linears]
         bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach() if b is not None else weight.new_zeros(m.out_features) for m, b in zip(linears, biases)])
+            [b.detach() if b is not None else weight.new_zeros(m.out_features)
+             for m, b in zip(linears, biases, strict=True)])
     return pack_weight(weight), bias
 
 
@@ -112,17 +115,27 @@ class LeanLayers:
     def __init__(self, layers: nn.ModuleList) -> None:
         self.ok = len(layers) > 0 and all(supports(layer) for layer in layers)
         self.layers = [_Lean(layer) for layer in layers] if self.ok else []
+        self._sources = [m for lean in self.layers for m in lean.sources]  # every layer's, in one flat list
+        self._packed_versions = self._versions()
+
+    def _versions(self) -> list[int]:
+        """The in-place update counter of every source weight (read through its module, each call)."""
+        return [weight_version(m.weight) for m in self._sources]
 
     def applies(self, h: torch.Tensor) -> bool:
-        """Whether this call can take the lean path: supported layers, CPU float32, no gradients."""
-        return self.ok and not torch.is_grad_enabled() and h.device.type == "cpu" and h.dtype == torch.float32
+        """Whether this call can take the lean path: supported layers, CPU float32. (No gradients either: the
+        caller checks that first, before building this, `models.self_draft.SelfDraft._lean_layers`.)"""
+        return self.ok and h.device.type == "cpu" and h.dtype == torch.float32
 
     def __call__(self, h: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], mask, cache
                  ) -> torch.Tensor:
         """Hidden states ``[B, n, H]`` after every layer; updates ``cache`` (a DynamicCache or None)."""
+        versions = self._versions()  # one check per call, over all layers
+        if versions != self._packed_versions:  # a source weight changed in place (an optimizer step)
+            for lean in self.layers:
+                lean.pack()
+            self._packed_versions = versions
         cos, sin = position_embeddings
         for lean in self.layers:
-            if lean.versions() != lean.packed_versions:  # a source weight changed in place
-                lean.pack()
             h = lean(h, cos, sin, mask, cache)
         return h

@@ -206,7 +206,8 @@ class SelfDraft(nn.Module):
 
     def _lean_layers(self, h: torch.Tensor):
         """The shared layers' lean path (`models.lean_layers`) when it applies to this call, else None.
-        Built on the first inference call (after `prepare_for_inference`); ``self.lean = False`` turns it off."""
+        Built on the first inference call (after `prepare_for_inference`); ``self.lean = False`` turns it off.
+        Never while autograd records (training runs the HF layers): checked here, the one place, before building."""
         if not self.lean or torch.is_grad_enabled():
             return None
         if self._lean is None:

@@ -83,6 +83,7 @@ def _header(cfg, pair, space) -> dict:
     draft_id = folder_digest(rest) if scheme == "self_draft" else cfg.model.draft
     c = cfg.collect
     config = {
+        "format_version": FORMAT_VERSION,  # the row schema: a dataset of another version is never appended to
         "model": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
                   "dtype": cfg.model.dtype},
         "trajectories": folder_digest(cfg.trajectories.out),

@@ -190,6 +190,22 @@ def _read_params(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     return merged
 
 
+def _apply_overrides(raw: dict, overrides: list[str], source: str) -> set[str]:
+    """Set each ``section.key=value`` of ``overrides`` in ``raw`` (in place, parsed once each, later ones win);
+    returns the sections they name."""
+    overridden = set()
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section not in SECTION_CLASSES:
+            raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{source}: section '{section}' must be a mapping")
+        raw[section][key] = value
+        overridden.add(section)
+    return overridden
+
+
 def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = (),
                 sections: tuple[str, ...] | None = None) -> Config:
     """Read ``path`` (missing file = defaults only when path is None; ``extends:`` merges it over another
@@ -208,19 +224,11 @@ def load_config(path: str | Path | None = "params.yaml", overrides: list[str] = 
     for name in wanted:
         if name not in SECTION_CLASSES:
             raise ValueError(f"unknown config section {name!r} requested (known: {', '.join(SECTIONS)})")
-    for text in overrides:
-        section, key, value = parse_override(text)
-        if section not in SECTION_CLASSES:
-            raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
-            raise ConfigError(f"{source}: section '{section}' must be a mapping")
-        raw[section][key] = value
+    overridden = _apply_overrides(raw, overrides, source)
     if overrides:
         source = f"{source} + --set"
         # an overridden section is typed and validated too, also when the command does not read it (scripts
         # pass one list of overrides to several commands; a typo in it still fails)
-        overridden = {parse_override(text)[0] for text in overrides}
         wanted = tuple(name for name in SECTIONS if name in wanted or name in overridden)
     built = {name: _build_section(name, raw.get(name), source) for name in wanted}
     return Config(built, source=source, params_digest=_digest(raw))

@@ -60,10 +60,12 @@ def test_no_train_serve_skew(pair, one_thread):
         assert seq[f.context_length] == (prompt + res.tokens)[f.context_length]
         for name in ("p_prev", "q_prev", "q_root"):
             np.testing.assert_allclose(getattr(f, name), feats[name][i], atol=1e-5, err_msg=f"{name} at step {i}")
-        for name in ("h_p_prev", "h_q_prev", "h_q_root"):
+        for name in ("h_p_prev", "h_q_prev", "h_q_root", "e_root"):
             got = getattr(f, name)
             assert got is not None, f"the decoder handed no {name} at step {i}"
             np.testing.assert_allclose(got, feats[name][i], atol=1e-4, err_msg=f"{name} at step {i}")
+        root_row = target.get_input_embeddings().weight[seq[f.context_length]].detach().numpy()
+        np.testing.assert_array_equal(f.e_root, root_row)  # the root token's row of the target's input table
 
 
 def test_prefill_equals_token_by_token(pair, one_thread):

@@ -31,6 +31,7 @@ def _rows(n: int, rng) -> RootRows:
         rows.h_p_prev.append(rng.standard_normal(4).astype(np.float16))
         rows.h_q_prev.append(rng.standard_normal(2).astype(np.float16))
         rows.h_q_root.append(rng.standard_normal(2).astype(np.float16))
+        rows.e_root.append(rng.standard_normal(4).astype(np.float16))
         rows.probability_scalars.append(rng.random(len(PROBABILITY_SCALARS)))
         for m in ("traversal", "specinfer"):
             rows.labels.setdefault(m, []).append(1 + rng.random(A))
@@ -54,6 +55,7 @@ def test_rows_table_round_trips_through_label_matrix():
     assert table.column("key").to_pylist() == [trajectory_key(traj)] * 2 == ["p1|T=0.6|top_p=1.0|0"] * 2
     assert {seconds_column(k) for k in SECONDS_KINDS} <= set(table.column_names)
     assert sorted(c for c in table.column_names if is_label_column(c)) == ["E_specinfer", "E_traversal"]
+    np.testing.assert_array_equal(np.asarray(ds.with_format("numpy")["e_root"]), np.stack(rows.e_root))
     with pytest.raises(DatasetError, match="no labels for method 'gbv'.*E_specinfer"):
         label_matrix(ds, "gbv")
 

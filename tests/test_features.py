@@ -81,7 +81,7 @@ def test_scalars_by_hand():
 def _root(**kw):
     p = np.array([0.7, 0.2, 0.1])
     base = dict(context_length=100, sampling=Sampling(0.6, 0.9), p_prev=p, q_prev=p[::-1].copy(), q_root=p,
-                h_p_prev=np.arange(4.0), h_q_prev=np.zeros(2), h_q_root=np.ones(2))
+                h_p_prev=np.arange(4.0), h_q_prev=np.zeros(2), h_q_root=np.ones(2), e_root=np.full(4, 0.5))
     base.update(kw)
     return RootFeatures(**base)
 
@@ -101,8 +101,27 @@ def test_target_only_needs_no_draft():
     schema = FeatureSchema.for_pair("target_only", 4, 2)
     assert not schema.needs_draft and FeatureSchema.for_pair("paper", 4, 2).needs_draft
     x = schema.vectorize(_root(q_prev=None, q_root=None, h_q_prev=None, h_q_root=None), FakeLatency())
-    assert list(x) == ["h_p_prev", "scalars"] and x["scalars"].shape == (len(FEATURE_SETS["target_only"]) - 1,)
+    assert list(x) == ["h_p_prev", "e_root", "scalars"] and x["scalars"].shape == (len(FEATURE_SETS["target_only"]) - 2,)
+    assert np.array_equal(x["e_root"], np.full(4, 0.5, np.float32))
     assert FeatureSchema.from_dict(schema.to_dict()) == schema
+    with pytest.raises(FeatureError, match="e_root"):  # the root token's embedding is part of the target side
+        schema.vectorize(_root(e_root=None), FakeLatency())
+
+
+def test_memo_shares_the_entropy_of_p_prev_between_stages():
+    """A cascade's stage 2 gets stage 1's memo (`decoding.engine.generate`): H(p_prev) is computed once, and the
+    scalars equal a fresh computation."""
+    first = _root(q_prev=None, q_root=None, h_q_prev=None, h_q_root=None)
+    FeatureSchema.for_pair("target_only", 4, 2).vectorize(first, FakeLatency())
+    assert first.memo["entropy_p_prev"] == pytest.approx(float(entropy(first.p_prev)))
+    first.memo["entropy_p_prev"] = 123.0  # a planted value: stage 2 must read the memo, not recompute
+    paper = FeatureSchema.for_pair("paper", 4, 2)
+    second = _root(memo=first.memo)
+    s = dict(zip(paper.scalars, paper.vectorize(second, FakeLatency())["scalars"], strict=True))
+    assert s["entropy_p_prev"] == 123.0
+    fresh = dict(zip(paper.scalars, paper.vectorize(_root(), FakeLatency())["scalars"], strict=True))
+    assert fresh["entropy_p_prev"] == pytest.approx(float(entropy(first.p_prev)))
+    assert all(fresh[k] == s[k] for k in paper.scalars if k != "entropy_p_prev")
 
 
 def test_bad_features_fail_clearly():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from decoding.actions import Action, ActionSpace
-from decoding.latency import LatencyModel, LatencyProfileError, draft_forwards
+from decoding.latency import BlockMemo, LatencyModel, LatencyProfileError, draft_forwards
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -227,3 +227,18 @@ def test_vectorized_pricing_is_bit_identical_to_one_length_at_a_time():
             assert np.all(np.abs(ref - one) < 5e-3)  # the rest is the overhead (and the feature cost)
     for l in (0, 63, 64, 300):  # noqa: E741
         assert m.root_step_seconds(l) == (m.t_q(float(l), 1), m.t_p(float(l), 1))
+
+
+def test_block_memo_prices_a_block_per_miss_and_clears_past_its_cap():
+    calls = []
+
+    def price(lengths):
+        calls.append(lengths.tolist())
+        return [2 * c for c in lengths.tolist()]
+
+    memo = BlockMemo(price, block=4, max_entries=8)
+    assert memo.get(10) == 20 and memo.get(13) == 26 and calls == [[10, 11, 12, 13]]
+    memo.get(14), memo.get(18)  # 12 lengths kept: more than the cap, so the next miss starts afresh
+    assert memo.get(12) == 24 and len(calls) == 3
+    memo.get(30)
+    assert memo.get(10) == 20 and calls[-1] == [10, 11, 12, 13] and len(calls) == 5

@@ -59,6 +59,19 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
             m.step_seconds(10, [parse_action(a)])[0] + fitted)
 
 
+
+def test_step_overhead_without_a_tree_less_or_a_speculative_action_fails_clearly(pair, one_thread):
+    """The fit needs both kinds of step: the clear error comes before any fit matrix is built."""
+    from data_collection.step_overhead import measure_step_overhead
+
+    target, draft = pair
+    flat = LatencyModel(contexts=[4, 32], draft_rows=[1, 2, 3], draft_seconds=np.full((2, 3), 1e-3),
+                        target_tokens=[1, 2, 3], target_seconds=np.full((2, 3), 2e-3), feature_seconds=1e-5)
+    for actions in ([Action(1, 0, 0)], [Action(1, 0, 1)], [Action(9, 9, 9)]):  # the last: not on the grid
+        with pytest.raises(ValueError, match="needs the tree-less action and at least one speculative"):
+            measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), flat, actions=actions, new_tokens=3,
+                                  seeds=(0,))
+
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
     target, draft = pair
     grid = time_grid(target, draft, VOCAB, [5, 6, 7], contexts=[3, 8], draft_rows=[1, 4], target_tokens=[1, 3],

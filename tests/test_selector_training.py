@@ -82,7 +82,8 @@ def synthetic(n: int = 600, seed: int = 0) -> SelectorData:
     cost = np.tile([1.0, 1.3, 1.6, 1.9], (n, 1))
     split = np.array(["train"] * (n // 2) + ["val"] * (n // 4) + ["test"] * (n - n // 2 - n // 4))
     return SelectorData(schema=schema, layout=layout,
-                        inputs={"h_p_prev": rng.normal(size=(n, 8)).astype(np.float32), "scalars": scalars},
+                        inputs={"h_p_prev": rng.normal(size=(n, 8)).astype(np.float32),
+                                "e_root": np.zeros((n, 8), np.float32), "scalars": scalars},  # no signal
                         labels=E.astype(np.float32), label_se=np.full(E.shape, 0.05, np.float32), cost=cost,
                         cost_static=cost.copy(), cost_ar=np.ones(n), split=split,
                         prompt_id=np.array([f"p{i}" for i in range(n)]), source=np.array(["s"] * n),
@@ -94,7 +95,7 @@ def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_threa
     data = synthetic()
     dm = SelectorDataModule(data, batch_size=64)
     net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), 4, proj=16, widths=(32, 16), dropout=0.0)
-    hp = SelectorHParams(objective=objective, epochs=25, lr=3e-3)
+    hp = SelectorHParams(objective=objective, epochs=40, lr=3e-3)
     fit = data.subset(dm.train_idx)
     batch = dm.full_batch("train")
 
@@ -139,7 +140,7 @@ def _hand_data() -> SelectorData:
     cost_static = np.array([[1.0, 1.5, 2.0], [1.0, 1.5, 2.0]])
     n = 2
     return SelectorData(schema=schema, layout=OutputLayout(("specinfer",), actions),
-                        inputs={"h_p_prev": np.zeros((n, 2), np.float32),
+                        inputs={"h_p_prev": np.zeros((n, 2), np.float32), "e_root": np.zeros((n, 2), np.float32),
                                 "scalars": np.zeros((n, len(schema.scalars)), np.float32)},
                         labels=E.astype(np.float32), label_se=np.zeros_like(E, np.float32), cost=cost_static + 0.1,
                         cost_static=cost_static, cost_ar=np.ones(n), split=np.array(["test", "test"]),

@@ -45,7 +45,7 @@ from .cache import KVState
 from .drafting import draft_tree
 from .stats import DecodeStats, Timer
 from .torch_sampling import prob_rows
-from .tree_pass import causal_allowed, forward_nodes, hidden_numpy, target_tree_pass
+from .tree_pass import causal_allowed, forward_nodes, hidden_numpy, input_embeddings, target_tree_pass
 
 DEFAULT_ACTION = Action(2, 2, 3)
 DEFAULT_SAMPLING = Sampling()
@@ -136,11 +136,17 @@ class SpeculativeDecoder:
         state.pending = []
         return self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
 
-    @staticmethod
-    def _features(state: DecodeState, sampling: Sampling, q_root, h_q_root) -> RootFeatures:
+    def _features(self, state: DecodeState, sampling: Sampling, q_root, h_q_root, hidden: bool,
+                  first: RootFeatures | None = None) -> RootFeatures:
+        """The root's features; ``first``: this root's features before the draft's root step (a cascade's stage 2
+        gets its values on, and the memo of what was computed from them)."""
         drafted_now = q_root is not None
+        if first is not None:
+            e_root, memo = first.e_root, first.memo
+        else:
+            e_root, memo = (input_embeddings(self.target, [state.root])[0] if hidden else None), {}
         return RootFeatures(state.context_length, sampling, state.p_prev, state.q_prev if drafted_now else None,
-                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root)
+                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root, e_root, memo)
 
     @torch.inference_mode()
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
@@ -198,13 +204,13 @@ class SpeculativeDecoder:
         if needs_draft(policy) and state.kv_d is not None:
             q_root, h_q_root = self.draft_root(state, sampling, hidden)
             stats.time_draft += clock.lap()
-        features = self._features(state, sampling, q_root, h_q_root)
+        features = self._features(state, sampling, q_root, h_q_root, hidden)
         action, verifier = _resolve(policy, policy.select(features), verifier)
         stats.time_selector += clock.lap()
         if action.tree_size and q_root is None and callable(getattr(policy, "refine", None)):
             q_root, h_q_root = self.draft_root(state, sampling, hidden)
             stats.time_draft += clock.lap()
-            features = self._features(state, sampling, q_root, h_q_root)
+            features = self._features(state, sampling, q_root, h_q_root, hidden, first=features)
             action, verifier = _resolve(policy, policy.refine(features), verifier)
             stats.time_selector += clock.lap()
         return action, verifier, features, q_root, h_q_root

@@ -102,6 +102,14 @@ def hidden_numpy(h: torch.Tensor | None) -> np.ndarray | None:
     return None if h is None else h.float().cpu().numpy()
 
 
+def input_embeddings(model: torch.nn.Module, tokens: list[int]) -> np.ndarray:
+    """``[n, H]`` float32 numpy: the model's input embeddings of ``tokens`` (a table lookup, no forward); the
+    ``e_root`` feature (`decoding.features`)."""
+    table = model.get_input_embeddings()
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=table.weight.device)
+    return hidden_numpy(table(ids))
+
+
 def prefill(kv: KVState, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Process a plain causal chunk (e.g. the prompt) after the cached slots; returns the last logits [V']."""
     start = len(kv)

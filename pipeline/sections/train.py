@@ -12,9 +12,10 @@ class TrainConfig:
     method: str = "specinfer"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
     auto_methods: list[str] = field(default_factory=list)  # the methods of auto ([] = all of collect.methods)
     # paper | target_only (decoding.features.FEATURE_SETS) | cascade (stage 1 target_only, stage 2 paper: one
-    # selector each, pipeline/train.py CASCADE_STAGES). cascade: best of the three offline on VAL and TEST roots
-    # of the CPU default (0.979 / 0.978x autoregressive vs target_only 0.967x, paper 0.943x on TEST)
-    feature_set: str = "cascade"
+    # selector each, pipeline/train.py CASCADE_STAGES). target_only (with the root token's embedding): best offline
+    # on VAL and TEST roots of the CPU default (1.088 / 1.081x autoregressive vs cascade 1.079 / 1.077x, 2 seeds)
+    # and the cheapest online (no draft work, one network); docs/selector.md
+    feature_set: str = "target_only"
     objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
     # network (models/selector_network.py)
     proj: int = 128  # projection width of each hidden-state feature
