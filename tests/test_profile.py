@@ -44,11 +44,15 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
     overhead, by_action = measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), m, new_tokens=6)
     assert set(by_action) == {"1,0,0", "1,0,1", "3,0,1", "1,1,1", "2,1,2", "1,2,1", "3,1,1", "2,0,2", "1,3,0"}
     for row in by_action.values():  # 2 seeds x (steps - 1): the first step of a decode holds the prefill
-        assert row["steps"] >= 2 and row["measured_ms"] > 0
+        assert row["steps"] >= 2 and row["measured_ms"] > 0 and row["speed_vs_grid"] > 0
     assert overhead["plain"] == pytest.approx(by_action["1,0,0"]["overhead_ms"] / 1e3)
     # the fit is least squares with an intercept: its residuals over the speculative shapes sum to zero
     spec = [a for a in by_action if a != "1,0,0"]
     assert abs(sum(by_action[a]["overhead_ms"] - by_action[a]["fitted_overhead_ms"] for a in spec)) < 1e-6
+    assert overhead["per_forward"] == overhead["per_node"] == 0.0  # the default: one constant (FIT_TERMS)
+    three, by3 = measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), m, new_tokens=6, fit_terms=3)
+    assert three["per_forward"] != 0.0 and three["per_node"] != 0.0
+    assert abs(sum(by3[a]["overhead_ms"] - by3[a]["fitted_overhead_ms"] for a in spec)) < 1e-6
     # priced with it, a model charges each shape its fitted overhead on top of the modelled forwards
     with_overhead = LatencyModel(**{k: getattr(m, k) for k in ("contexts", "draft_rows", "draft_seconds",
                                                                 "target_tokens", "target_seconds",
@@ -60,8 +64,25 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
 
 
 
+def test_speed_probe_compares_live_target_passes_with_the_grid(pair, one_thread):
+    """SpeedProbe: the live one-token pass over the grid's t_p; a grid that claims passes 100x faster than it
+    measured reads a machine ~100x slower than the grid (timing noise on a tiny model is far below 5x)."""
+    import dataclasses
+
+    from data_collection.step_overhead import SpeedProbe
+
+    target, draft = pair
+    m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 32], draft_rows=[1, 2, 3],
+                     target_tokens=[1, 2, 3], repeats=3, warmup=1, feature_repeats=3)
+    fast = dataclasses.replace(m, target_seconds=m.target_seconds / 100)
+    prompt = list(range(3, 20))
+    as_measured = SpeedProbe(target, prompt, m, Sampling(), VOCAB)()
+    claimed_fast = SpeedProbe(target, prompt, fast, Sampling(), VOCAB)()
+    assert as_measured > 0 and claimed_fast / as_measured > 20
+
+
 def test_step_overhead_without_a_tree_less_or_a_speculative_action_fails_clearly(pair, one_thread):
-    """The fit needs both kinds of step: the clear error comes before any fit matrix is built."""
+    """The fit needs both kinds of step: the clear error comes before any decoding (and any fit matrix)."""
     from data_collection.step_overhead import measure_step_overhead
 
     target, draft = pair
@@ -71,6 +92,9 @@ def test_step_overhead_without_a_tree_less_or_a_speculative_action_fails_clearly
         with pytest.raises(ValueError, match="needs the tree-less action and at least one speculative"):
             measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), flat, actions=actions, new_tokens=3,
                                   seeds=(0,))
+    with pytest.raises(ValueError, match="fit_terms"):
+        measure_step_overhead(target, draft, VOCAB, [3, 4], flat, fit_terms=4)
+
 
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
     target, draft = pair
@@ -135,10 +159,13 @@ def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, ca
     m = LatencyModel.load(tmp_path / "latency.json")
     assert m.contexts.tolist() == [4, 12] and m.target_tokens.tolist() == [1, 2, 4]
     assert m.meta["threads"] == 1 and m.meta["target"].startswith("hf:")
-    # the grid (K <= 2, trees of <= 3 nodes) prices 1,0,1 1,1,1 1,2,1 1,3,0, whose forwards grow with their
-    # nodes: the fit keeps the constant and the per-forward term and charges nothing per node
-    assert set(m.meta["step_overhead_by_action"]) == {"1,0,0", "1,0,1", "1,1,1", "1,2,1", "1,3,0"}
-    assert m.step_overhead["per_node"] == 0.0 and m.step_overhead["per_forward"] != 0.0
+    # the grid (K <= 2, trees of <= 3 nodes) prices 1,0,1 1,1,1 1,2,1 1,3,0; the default fit is one constant per
+    # speculative step: the mean residual of those shapes
+    by_action = m.meta["step_overhead_by_action"]
+    assert set(by_action) == {"1,0,0", "1,0,1", "1,1,1", "1,2,1", "1,3,0"}
+    assert m.step_overhead["per_node"] == 0.0 and m.step_overhead["per_forward"] == 0.0
+    spec = [r["overhead_ms"] for a, r in by_action.items() if a != "1,0,0"]
+    assert m.step_overhead["speculative"] * 1e3 == pytest.approx(np.mean(spec))
     if draft == "untrained":  # the self-draft is not built yet: an untrained one of the configured shape
         assert m.meta["draft_timed"].startswith("untrained self-draft") and "not_built" in m.meta["draft"]
     else:

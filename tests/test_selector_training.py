@@ -384,3 +384,23 @@ def test_baseline_predictions_take_the_known_values():
     assert np.array_equal(got[:, k2], pred[:, k1]) and np.array_equal(got[:, k1], pred[:, k1])
     free = layout.index("traversal", Action(2, 1, 2))
     assert np.array_equal(got[:, free], pred[:, free])
+
+
+def test_feature_ablation_zeroes_one_input_per_variant(collected, tmp_path, monkeypatch):
+    from pipeline.config import load_config
+    from pipeline.feature_ablation import main, without
+    from pipeline.train import training_data
+
+    profile = toy_latency().save(tmp_path / "latency.json")
+    cfg = load_config(None, [f"collect.out={collected}", f"profile.out={profile}", "train.feature_set=target_only"])
+    data = training_data(cfg)[4]
+    gone = without(data, "e_root")
+    assert not gone.inputs["e_root"].any() and data.inputs["e_root"].any()  # the original is untouched
+    assert gone.inputs["h_p_prev"] is data.inputs["h_p_prev"]
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "ablation.json"
+    assert main(["--seeds", "0", "--out", str(out), "--set", f"collect.out={collected}",
+                 "--set", f"profile.out={profile}", "--set", "train.epochs=2"]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["mean"]) == {"all inputs", "without h_p_prev", "without e_root"}
+    assert all(0 < m["test"]["selector_vs_oracle"] <= 1 + 1e-9 for m in res["mean"].values())

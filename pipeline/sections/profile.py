@@ -15,11 +15,11 @@ class ProfileConfig:
     # and the union trees of the labels (up to 40)
     target_tokens: list[int] = field(default_factory=lambda: [*range(1, 17), 20, 24, 32, 40])
     repeats: int = 5  # timed rounds per grid cell (the profile holds their median)
-    warmup: int = 1  # untimed rounds first
+    warmup: int = 2  # untimed rounds first (with 1 the first context's draft steps read 40% slow)
     feature_repeats: int = 50  # timed runs of the feature computation
-    # tokens decoded (2 seeds) with each of 9 static actions to measure the step overhead beyond the forwards
-    # (verification, sampling, cache pruning: data_collection.step_overhead); 0 = charge none
-    overhead_tokens: int = 32
+    # tokens decoded (2 seeds, the actions interleaved) with each of 9 static actions to measure the step overhead
+    # beyond the forwards (verification, sampling, cache pruning: data_collection.step_overhead); 0 = charge none
+    overhead_tokens: int = 64
     out: str = "artifacts/latency.json"
 
     def validate(self) -> None:
