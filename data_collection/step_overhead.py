@@ -11,13 +11,9 @@ import numpy as np
 import torch
 
 from decoding.actions import Action
-from decoding.engine.cache import KVState
 from decoding.engine.generate import SpeculativeDecoder
-from decoding.engine.tree_pass import prefill
 from decoding.latency import LatencyModel, draft_forwards
 from decoding.sampling import Sampling
-
-from .profile import target_pass
 
 DEFAULT_SAMPLING = Sampling()
 # the tree-less step and speculative shapes of varied draft-forward counts (1-4) and tree sizes (1-6)
@@ -33,42 +29,17 @@ OVERHEAD_ACTIONS = (Action(1, 0, 0), Action(1, 0, 1), Action(3, 0, 1), Action(1,
 FIT_TERMS = 1
 
 
-class SpeedProbe:
-    """How fast the machine runs now compared with when the grid was timed: the median of ``reps`` one-token target
-    passes after ``prompt_ids[:-1]`` divided by the grid's ``t_p`` at that context (1.2 = everything 20% slower now).
-    A shared machine drifts by 20-30% within minutes; dividing each decode's step times by the speed measured just
-    before it turns them into the grid's time base, so the residuals hold the overhead and not the drift."""
-
-    def __init__(self, target: torch.nn.Module, prompt_ids: Sequence[int], model: LatencyModel, sampling: Sampling,
-                 vocab_size: int, reps: int = 3) -> None:
-        self.kv = KVState(target)
-        prefill(self.kv, list(prompt_ids[:-1]))
-        self.root, self.sampling, self.vocab_size, self.reps = int(prompt_ids[-1]), sampling, vocab_size, reps
-        self.grid_seconds = float(model.t_p(len(self.kv), 1))
-
-    def __call__(self) -> float:
-        c, times = len(self.kv), []
-        for _ in range(self.reps):
-            start = time.perf_counter()
-            target_pass(self.kv, [self.root], self.sampling, self.vocab_size)
-            times.append(time.perf_counter() - start)
-            self.kv.crop(c)
-        return float(np.median(times)) / self.grid_seconds
-
-
 def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, prompt_ids: Sequence[int],
                           model: LatencyModel, actions: Sequence[Action] = OVERHEAD_ACTIONS, new_tokens: int = 24,
                           seeds: Sequence[int] = (0, 1), sampling: Sampling = DEFAULT_SAMPLING,
                           fit_terms: int = FIT_TERMS) -> tuple[dict, dict]:
     """What a whole engine step costs beyond its forwards: decode ``new_tokens`` after ``prompt_ids`` with each
     static action that the profiled grid prices (traversal; AR for the tree-less one), time every step but the
-    first (it holds the prefill), divide by the machine's speed just before that decode (`SpeedProbe`) and subtract
-    ``model.step_seconds`` at the step's context. Returns ``(overhead, by_action)``: the
+    first (it holds the prefill) and subtract ``model.step_seconds`` at the step's context. Returns ``(overhead, by_action)``: the
     `LatencyModel.step_overhead` mapping (``plain`` = the mean residual of the tree-less steps;
     ``speculative``, ``per_forward`` and ``per_node`` = a least-squares fit of each speculative action's mean
     residual by its number of draft forwards and its tree size, the first ``fit_terms`` of these three terms, the
-    others 0) and, per action, the measured (mean and median, in the grid's time base), modelled and fitted step
-    times and the mean speed of its decodes relative to the grid (for the record).
+    others 0) and, per action, the measured (mean and median), modelled and fitted step times (for the record).
 
     Means, not medians: step times have a right tail (a slow step in ten costs 30-40% more on this CPU), and
     throughput pays the mean. With medians the model priced the online steps 1-3 ms too cheap."""
@@ -83,20 +54,18 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
         decoder.generate(list(prompt_ids), 4, method[action], action, sampling, seed=99)  # warm-up
     measured = {a: [] for a in actions}
     modelled = {a: [] for a in actions}
-    speeds = {a: [] for a in actions}
-    speed = SpeedProbe(target, prompt_ids, model, sampling, vocab_size)
+
     # interleaved: each seed decodes every action, in an order rotated per seed, so a slow phase of a shared
     # machine lands on all actions alike instead of on the few measured during it
     for si, seed in enumerate(seeds):
         for action in actions[si % len(actions):] + actions[:si % len(actions)]:
-            speeds[action].append(speed())
             marks: list[tuple[float, int]] = []  # (when step i ended, the context step i + 1 starts at)
             record = marks.append
             decoder.generate(list(prompt_ids), new_tokens, method[action], action, sampling, seed=seed,
                              on_step=lambda state, _r, record=record: record((time.perf_counter(),
                                                                                state.context_length)))
             for (t0, ctx), (t1, _) in zip(marks, marks[1:], strict=False):
-                measured[action].append((t1 - t0) / speeds[action][-1])  # in the grid's time base
+                measured[action].append(t1 - t0)
                 modelled[action].append(float(model.step_seconds(ctx, [action])[0]))
     by_action, measured_actions = {}, {}  # str(action) -> its row / the Action itself (keys in grid order)
     for action in actions:
@@ -104,7 +73,6 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
         steps = measured[action]
         by_action[str(action)] = {"steps": len(steps), "measured_ms": float(np.mean(steps)) * 1e3,
                                   "measured_median_ms": float(np.median(steps)) * 1e3,
-                                  "speed_vs_grid": float(np.mean(speeds[action])),
                                   "modelled_ms": float(np.mean(modelled[action])) * 1e3, "overhead_ms": residual * 1e3}
         measured_actions[str(action)] = action
     plain = [by_action[str(a)]["overhead_ms"] / 1e3 for a in measured_actions.values() if a.tree_size == 0]

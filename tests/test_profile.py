@@ -44,7 +44,7 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
     overhead, by_action = measure_step_overhead(target, draft, VOCAB, list(range(3, 12)), m, new_tokens=6)
     assert set(by_action) == {"1,0,0", "1,0,1", "3,0,1", "1,1,1", "2,1,2", "1,2,1", "3,1,1", "2,0,2", "1,3,0"}
     for row in by_action.values():  # 2 seeds x (steps - 1): the first step of a decode holds the prefill
-        assert row["steps"] >= 2 and row["measured_ms"] > 0 and row["speed_vs_grid"] > 0
+        assert row["steps"] >= 2 and row["measured_ms"] > 0
     assert overhead["plain"] == pytest.approx(by_action["1,0,0"]["overhead_ms"] / 1e3)
     # the fit is least squares with an intercept: its residuals over the speculative shapes sum to zero
     spec = [a for a in by_action if a != "1,0,0"]
@@ -62,23 +62,6 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
         assert with_overhead.step_seconds(10, [parse_action(a)])[0] == pytest.approx(
             m.step_seconds(10, [parse_action(a)])[0] + fitted)
 
-
-
-def test_speed_probe_compares_live_target_passes_with_the_grid(pair, one_thread):
-    """SpeedProbe: the live one-token pass over the grid's t_p; a grid that claims passes 100x faster than it
-    measured reads a machine ~100x slower than the grid (timing noise on a tiny model is far below 5x)."""
-    import dataclasses
-
-    from data_collection.step_overhead import SpeedProbe
-
-    target, draft = pair
-    m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 32], draft_rows=[1, 2, 3],
-                     target_tokens=[1, 2, 3], repeats=3, warmup=1, feature_repeats=3)
-    fast = dataclasses.replace(m, target_seconds=m.target_seconds / 100)
-    prompt = list(range(3, 20))
-    as_measured = SpeedProbe(target, prompt, m, Sampling(), VOCAB)()
-    claimed_fast = SpeedProbe(target, prompt, fast, Sampling(), VOCAB)()
-    assert as_measured > 0 and claimed_fast / as_measured > 20
 
 
 def test_step_overhead_without_a_tree_less_or_a_speculative_action_fails_clearly(pair, one_thread):
