@@ -19,6 +19,13 @@ Terms:
   wrong about the same forwards inside the loop (a draft forward timed right after a 40-token target pass
   reads slower than in the engine), so it may be negative. A profile without it (an older file) charges
   nothing.
+- *measured shapes* ``action_overhead``: for each shape the profile decoded (``"K,L1,L2"`` -> seconds), its own
+  mean residual, which replaces the fitted overhead for that shape. The grid's cells carry structure the sum of
+  forwards misses (on the 2-core CPU a 2-token target pass read slower than a 4-token one, and a one-row draft
+  step right after a long target pass 40% slower than in the loop), so a fit over 8 shapes left residuals of
+  -9 ms for 1,0,1 and -1 ms for 3,0,1 around its constant, enough to reverse which of the two a selector or the
+  best static picks. Each measured shape's own mean (about 115 steps, standard error under 1 ms) prices it as
+  the engine runs it.
 The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
 
 Interpolation (`t_q`, `t_p`): piecewise linear in the context length, extrapolated linearly beyond the
@@ -126,6 +133,25 @@ def _overhead(values) -> dict:
         raise LatencyProfileError(f"latency profile: step_overhead.{bad[0]} must be a finite number of seconds, "
                                   f"got {values[bad[0]]!r}")
     return {k: float(v) for k, v in out.items()}
+
+
+def _action_overhead(values) -> dict[str, float]:
+    """``action_overhead`` checked: ``"K,L1,L2"`` keys of valid actions (normalized), finite seconds."""
+    if not isinstance(values, dict):
+        raise LatencyProfileError(f"latency profile: action_overhead must be a mapping, got {type(values).__name__}")
+    out = {}
+    for key, v in values.items():
+        try:
+            k, l1, l2 = (int(x) for x in str(key).split(","))
+            action = Action(k, l1, l2)
+        except (TypeError, ValueError):
+            raise LatencyProfileError(f"latency profile: action_overhead key {key!r} is not an action K,L1,L2") from None
+        seconds = _numbers(f"action_overhead[{key}]", v)
+        if seconds.ndim or not np.isfinite(seconds):
+            raise LatencyProfileError(f"latency profile: action_overhead[{key}] must be a finite number of seconds, "
+                                      f"got {v!r}")
+        out[str(action)] = float(seconds)
+    return out
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -240,6 +266,7 @@ class LatencyModel:
     feature_seconds: float  # computing the section-5 scalars at one root (rows already on CPU)
     meta: dict = field(default_factory=dict)  # machine, cpu, threads, device, versions, model specs, settings, date
     step_overhead: dict = field(default_factory=dict)  # OVERHEAD_KEYS -> seconds; {} = none measured (0)
+    action_overhead: dict = field(default_factory=dict)  # "K,L1,L2" -> seconds: measured shapes (module docstring)
 
     def __post_init__(self) -> None:
         contexts = _grid("contexts", self.contexts, 0)
@@ -261,6 +288,7 @@ class LatencyModel:
             object.__setattr__(self, name, _readonly(value))
         object.__setattr__(self, "feature_seconds", feature)
         object.__setattr__(self, "step_overhead", _overhead(self.step_overhead))
+        object.__setattr__(self, "action_overhead", _action_overhead(self.action_overhead))
         object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
         object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
         object.__setattr__(self, "_root_memo", BlockMemo(self._root_block))  # context length -> root_step_seconds
@@ -308,8 +336,13 @@ class LatencyModel:
         seconds += self.t_p(np.broadcast_to(ls[:, None], seconds.shape), np.broadcast_to(1 + size, seconds.shape))
         o = self.step_overhead
         forwards = np.bincount(draft_forwards(0, actions)[0], minlength=num)  # the action's own draft forwards
-        seconds += np.where(size > 0, o["speculative"] + o["per_forward"] * forwards + o["per_node"] * size,
+        overhead = np.where(size > 0, o["speculative"] + o["per_forward"] * forwards + o["per_node"] * size,
                             o["plain"])
+        if self.action_overhead:  # measured shapes: their own residual
+            keys = [f"{a},{b},{c}" for a, b, c in zip(k.tolist(), l1.tolist(), l2.tolist(), strict=True)]
+            overhead = np.array([self.action_overhead.get(key, fit) for key, fit in zip(keys, overhead.tolist(),
+                                                                                           strict=True)])
+        seconds += overhead
         if features is not None:
             seconds += self.feature_seconds
         return seconds
@@ -330,7 +363,8 @@ class LatencyModel:
             "contexts": self.contexts.tolist(), "draft_rows": self.draft_rows.tolist(),
             "draft_seconds": self.draft_seconds.tolist(), "target_tokens": self.target_tokens.tolist(),
             "target_seconds": self.target_seconds.tolist(), "feature_seconds": self.feature_seconds,
-            "step_overhead": dict(self.step_overhead), "meta": self.meta,
+            "step_overhead": dict(self.step_overhead), "action_overhead": dict(self.action_overhead),
+            "meta": self.meta,
         }
 
     @classmethod
@@ -344,7 +378,8 @@ class LatencyModel:
         if missing:
             raise LatencyProfileError(f"{where}: missing keys {missing}; re-run `branchpoint profile`")
         try:
-            return cls(**{k: d[k] for k in _KEYS}, step_overhead=d.get("step_overhead") or {})
+            return cls(**{k: d[k] for k in _KEYS}, step_overhead=d.get("step_overhead") or {},
+                       action_overhead=d.get("action_overhead") or {})
         except LatencyProfileError as e:
             raise LatencyProfileError(str(e).replace("latency profile", where, 1)) from None
 

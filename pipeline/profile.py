@@ -83,7 +83,8 @@ def run(cfg, args) -> int:
     if p.overhead_tokens:  # whole engine steps, priced by the tables just measured: what they leave out
         overhead, by_action = measure_step_overhead(target, draft, vocab, ids[: min(p.contexts[-1], 256)], model,
                                                     new_tokens=p.overhead_tokens, sampling=sampling)
-        model = dataclasses.replace(model, step_overhead=overhead,
+        measured = {a: row["overhead_ms"] / 1e3 for a, row in by_action.items()}  # each decoded shape's own residual
+        model = dataclasses.replace(model, step_overhead=overhead, action_overhead=measured,
                                     meta={**model.meta, "step_overhead_by_action": by_action})
     model.save(p.out)
     print(f"pair: target {cfg.model.target}, draft {draft_source} (loaded in {load_s:.1f} s); "
@@ -97,7 +98,8 @@ def run(cfg, args) -> int:
     o = model.step_overhead
     print(f"step overhead beyond the forwards (ms): plain {o['plain'] * 1e3:.2f}, speculative "
           f"{o['speculative'] * 1e3:.2f} + {o['per_forward'] * 1e3:.2f} per draft forward + "
-          f"{o['per_node'] * 1e3:.3f} per tree node")
+          f"{o['per_node'] * 1e3:.3f} per tree node; measured shapes: " + ", ".join(
+              f"{a} {v * 1e3:+.1f}" for a, v in model.action_overhead.items()))
     print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
           f"in {time.perf_counter() - start:.0f} s")
     return 0

@@ -145,6 +145,26 @@ def test_step_overhead_is_charged_per_step_by_tree_size():
     assert LatencyModel.from_dict(json.loads(json.dumps(d))).step_overhead == m.step_overhead
 
 
+def test_measured_shapes_take_their_own_overhead():
+    """``action_overhead`` replaces the fitted overhead for the shapes it names only, in every pricing path, and
+    survives a round trip; an older profile without it prices as before."""
+    actions = [Action(1, 0, 0), Action(1, 0, 1), Action(3, 0, 1), Action(2, 2, 3)]
+    fit = {"plain": 1e-3, "speculative": 2e-3, "per_forward": 0.0, "per_node": 0.0}
+    fitted = toy(step_overhead=fit)
+    m = toy(step_overhead=fit, action_overhead={"1,0,1": -4e-3, "3, 0, 1": 5e-4})
+    assert m.action_overhead == {"1,0,1": -4e-3, "3,0,1": 5e-4}  # keys normalized
+    np.testing.assert_allclose(m.step_seconds(150, actions) - fitted.step_seconds(150, actions),
+                               [0.0, -4e-3 - 2e-3, 5e-4 - 2e-3, 0.0], atol=1e-15)
+    np.testing.assert_array_equal(m.step_seconds_matrix([150, 150, 300], actions)[0], m.step_seconds(150, actions))
+    d = json.loads(json.dumps(m.to_dict()))
+    assert LatencyModel.from_dict(d).action_overhead == m.action_overhead
+    assert LatencyModel.from_dict({k: v for k, v in d.items() if k != "action_overhead"}).action_overhead == {}
+    for bad, fragment in (({"1,0": 1e-3}, "not an action"), ({"1,0,1": float("inf")}, "finite"),
+                          ([1], "must be a mapping")):
+        with pytest.raises(LatencyProfileError, match=fragment):
+            toy(action_overhead=bad)
+
+
 @pytest.mark.parametrize("overhead, fragment", [
     ({"plain": 1e-3}, "step_overhead must have the keys"),
     ({"plain": 1e-3, "speculative": float("nan"), "per_forward": 0.0, "per_node": 0.0},

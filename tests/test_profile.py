@@ -149,6 +149,9 @@ def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, ca
     assert m.step_overhead["per_node"] == 0.0 and m.step_overhead["per_forward"] == 0.0
     spec = [r["overhead_ms"] for a, r in by_action.items() if a != "1,0,0"]
     assert m.step_overhead["speculative"] * 1e3 == pytest.approx(np.mean(spec))
+    # each decoded shape is priced with its own residual
+    assert set(m.action_overhead) == set(by_action)
+    assert all(m.action_overhead[a] * 1e3 == pytest.approx(r["overhead_ms"]) for a, r in by_action.items())
     if draft == "untrained":  # the self-draft is not built yet: an untrained one of the configured shape
         assert m.meta["draft_timed"].startswith("untrained self-draft") and "not_built" in m.meta["draft"]
     else:
