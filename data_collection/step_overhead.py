@@ -43,7 +43,8 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
 
     Means, not medians: step times have a right tail (a slow step in ten costs 30-40% more on this CPU), and
     throughput pays the mean. With medians the model priced the online steps 1-3 ms too cheap."""
-    actions = [a for a in actions if a.tree_size + 1 <= model.target_tokens[-1] and a.K <= model.draft_rows[-1]]
+    actions = [a for a in dict.fromkeys(actions)  # once each, in the given order
+               if a.tree_size + 1 <= model.target_tokens[-1] and a.K <= model.draft_rows[-1]]
     if not 1 <= fit_terms <= 3:
         raise ValueError(f"measure_step_overhead: fit_terms must be 1, 2 or 3, got {fit_terms}")
     if not any(a.tree_size == 0 for a in actions) or not any(a.tree_size for a in actions):
@@ -67,16 +68,15 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
             for (t0, ctx), (t1, _) in zip(marks, marks[1:], strict=False):
                 measured[action].append(t1 - t0)
                 modelled[action].append(float(model.step_seconds(ctx, [action])[0]))
-    by_action, measured_actions = {}, {}  # str(action) -> its row / the Action itself (keys in grid order)
+    by_action = {}  # str(action) -> its row (keys in grid order)
     for action in actions:
         residual = float(np.mean(np.subtract(measured[action], modelled[action])))  # the mean: what tokens/s pay
         steps = measured[action]
         by_action[str(action)] = {"steps": len(steps), "measured_ms": float(np.mean(steps)) * 1e3,
                                   "measured_median_ms": float(np.median(steps)) * 1e3,
                                   "modelled_ms": float(np.mean(modelled[action])) * 1e3, "overhead_ms": residual * 1e3}
-        measured_actions[str(action)] = action
-    plain = [by_action[str(a)]["overhead_ms"] / 1e3 for a in measured_actions.values() if a.tree_size == 0]
-    spec = [a for a in measured_actions.values() if a.tree_size]
+    plain = [by_action[str(a)]["overhead_ms"] / 1e3 for a in actions if a.tree_size == 0]
+    spec = [a for a in actions if a.tree_size]
     forwards = np.bincount(draft_forwards(0, spec)[0], minlength=len(spec))
     columns = np.stack([np.ones(len(spec)), forwards, [a.tree_size for a in spec]], axis=1).astype(np.float64)
     residuals = np.array([by_action[str(a)]["overhead_ms"] / 1e3 for a in spec])

@@ -147,10 +147,10 @@ def probability_scalars(p_prev: np.ndarray, q_prev: np.ndarray | None = None,
 
 
 def derived_scalars(context_length: np.ndarray | int, latency: LatencyModel) -> dict[str, np.ndarray]:
-    """The latency features at these context lengths (ms)."""
-    memoized = getattr(latency, "root_step_seconds", None)  # a LatencyModel; any object with t_q / t_p will do
-    if memoized is not None and np.ndim(context_length) == 0 and float(context_length) == int(context_length):
-        t_q, t_p = memoized(int(context_length))
+    """The latency features at these context lengths (ms): one root's from the model's memo
+    (`LatencyModel.root_step_seconds`), an array's interpolated at once."""
+    if np.ndim(context_length) == 0 and float(context_length) == int(context_length):
+        t_q, t_p = latency.root_step_seconds(int(context_length))
         return {"draft_step_ms": 1e3 * np.float64(t_q), "target_step_ms": 1e3 * np.float64(t_p)}
     ctx = np.asarray(context_length, dtype=np.float64)
     return {"draft_step_ms": 1e3 * np.asarray(latency.t_q(ctx, 1), dtype=np.float64),
@@ -274,8 +274,8 @@ def batch_inputs(schema: FeatureSchema, columns: Mapping[str, Sequence | np.ndar
     columns as they are, stored scalars from their columns, derived scalars from ``latency`` at each row's
     ``context_length``. The training data, the export's parity check and the offline evaluation all build
     their inputs here."""
-    missing = [n for n in (*schema.hidden, *schema.scalars, "context_length")
-               if n not in columns and n not in ("draft_step_ms", "target_step_ms")]
+    stored = [n for n in schema.scalars if n in STORED_SCALARS]  # the derived ones come from ``latency``
+    missing = [n for n in (*schema.hidden, *stored, "context_length") if n not in columns]
     if missing:
         raise FeatureError(f"the collected dataset has no column {missing} that feature set {schema.feature_set!r} "
                            "needs: it was collected by an older branchpoint; re-collect it (branchpoint collect "

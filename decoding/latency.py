@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .actions import Action, ActionSpace
+from .actions import Action, ActionSpace, parse_action
 from .errors import UserInputError
 from .files import write_json_atomic
 
@@ -135,22 +135,22 @@ def _overhead(values) -> dict:
     return {k: float(v) for k, v in out.items()}
 
 
-def _action_overhead(values) -> dict[str, float]:
-    """``action_overhead`` checked: ``"K,L1,L2"`` keys of valid actions (normalized), finite seconds."""
+def _action_overhead(values) -> dict[Action, float]:
+    """``action_overhead`` checked: ``"K,L1,L2"`` keys of valid actions (`parse_action`), finite seconds; keyed by
+    the parsed `Action`."""
     if not isinstance(values, dict):
         raise LatencyProfileError(f"latency profile: action_overhead must be a mapping, got {type(values).__name__}")
     out = {}
     for key, v in values.items():
         try:
-            k, l1, l2 = (int(x) for x in str(key).split(","))
-            action = Action(k, l1, l2)
-        except (TypeError, ValueError):
-            raise LatencyProfileError(f"latency profile: action_overhead key {key!r} is not an action K,L1,L2") from None
+            action = parse_action(key)
+        except UserInputError as e:
+            raise LatencyProfileError(f"latency profile: action_overhead key {key!r} is not an action ({e})") from None
         seconds = _numbers(f"action_overhead[{key}]", v)
         if seconds.ndim or not np.isfinite(seconds):
             raise LatencyProfileError(f"latency profile: action_overhead[{key}] must be a finite number of seconds, "
                                       f"got {v!r}")
-        out[str(action)] = float(seconds)
+        out[action] = float(seconds)
     return out
 
 
@@ -288,7 +288,9 @@ class LatencyModel:
             object.__setattr__(self, name, _readonly(value))
         object.__setattr__(self, "feature_seconds", feature)
         object.__setattr__(self, "step_overhead", _overhead(self.step_overhead))
-        object.__setattr__(self, "action_overhead", _action_overhead(self.action_overhead))
+        overhead_of = _action_overhead(self.action_overhead)  # Action -> seconds (the pricing reads this one)
+        object.__setattr__(self, "_overhead_of", overhead_of)
+        object.__setattr__(self, "action_overhead", {str(a): v for a, v in overhead_of.items()})  # JSON form
         object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
         object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
         object.__setattr__(self, "_root_memo", BlockMemo(self._root_block))  # context length -> root_step_seconds
@@ -338,10 +340,9 @@ class LatencyModel:
         forwards = np.bincount(draft_forwards(0, actions)[0], minlength=num)  # the action's own draft forwards
         overhead = np.where(size > 0, o["speculative"] + o["per_forward"] * forwards + o["per_node"] * size,
                             o["plain"])
-        if self.action_overhead:  # measured shapes: their own residual
-            keys = [f"{a},{b},{c}" for a, b, c in zip(k.tolist(), l1.tolist(), l2.tolist(), strict=True)]
-            overhead = np.array([self.action_overhead.get(key, fit) for key, fit in zip(keys, overhead.tolist(),
-                                                                                           strict=True)])
+        if self._overhead_of:  # measured shapes: their own residual
+            overhead = np.array([self._overhead_of.get(a, fit) for a, fit in zip(actions, overhead.tolist(),
+                                                                                 strict=True)])
         seconds += overhead
         if features is not None:
             seconds += self.feature_seconds

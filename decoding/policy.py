@@ -153,5 +153,13 @@ class Cascade:
         """Stage 2's choice, with the draft's root step in ``features`` (called only when stage 1 speculates)."""
         return self.stage2.select(features)
 
+    def observe_step(self, action: Action, context_length: int, seconds: float) -> None:
+        """The decoder's step-time hook, passed to each stage that has one (stage 1's decision is the one that
+        weighs a step's cost against a plain step's)."""
+        for stage in (self.stage1, self.stage2):
+            observe = getattr(stage, "observe_step", None)
+            if callable(observe):
+                observe(action, context_length, seconds)
+
     def __repr__(self) -> str:
         return f"Cascade({self.stage1!r}, {self.stage2!r})"

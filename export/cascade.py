@@ -54,7 +54,7 @@ class CascadeRuntime(Cascade):
     """A cascade folder, ready to decode: stage 1 at the root, stage 2 after the draft's root step."""
 
     def __init__(self, folder: str | Path, latency: str | Path | LatencyModel | None = None,
-                 methods: list[str] | None = None) -> None:
+                 methods: list[str] | None = None, calibrate: bool = False) -> None:
         self.folder = Path(folder)
         self.sidecar = read_json(self.folder / CASCADE_FILE, SelectorArtifactError, "export a cascade first")
         if self.sidecar.get("format") != "cascade" or set(self.sidecar.get("stages", {})) != set(STAGES):
@@ -64,13 +64,20 @@ class CascadeRuntime(Cascade):
         for name in STAGES:
             self._check_stage(name)
         entry = self.sidecar["stages"]
-        stage1 = SelectorRuntime(self.folder / entry["stage1"]["folder"], latency, methods=methods)
+        stage1 = SelectorRuntime(self.folder / entry["stage1"]["folder"], latency, methods=methods,
+                                 calibrate=calibrate)  # stage 1 weighs speculating against a plain step
         stage2 = SelectorRuntime(self.folder / entry["stage2"]["folder"], latency, methods=methods,
                                  speculating_only=True)
         super().__init__(stage1, stage2)
         self.methods = [m for m in stage2.methods if methods is None or m in methods]
         self.auto = stage2.auto
         self.feature_set = f"cascade({stage1.feature_set} -> {stage2.feature_set})"
+
+    @property
+    def calibration(self):
+        """Stage 1's online calibration (`decoding.calibration`; None without ``calibrate``): the decision that
+        weighs a step's cost."""
+        return self.stage1.calibration
 
     def _check_stage(self, name: str) -> None:
         entry = self.sidecar["stages"][name]
@@ -87,8 +94,9 @@ class CascadeRuntime(Cascade):
 
 
 def load_selector(folder: str | Path, latency: str | Path | LatencyModel | None = None,
-                  methods: list[str] | None = None) -> SelectorRuntime | CascadeRuntime:
-    """The exported selector in ``folder``: a cascade (`CASCADE_FILE`) or a single selector."""
+                  methods: list[str] | None = None, calibrate: bool = False) -> SelectorRuntime | CascadeRuntime:
+    """The exported selector in ``folder``: a cascade (`CASCADE_FILE`) or a single selector; ``calibrate``: its step
+    times corrected online (`decoding.calibration`)."""
     if is_cascade(folder):
-        return CascadeRuntime(folder, latency, methods)
-    return SelectorRuntime(folder, latency, methods=methods)
+        return CascadeRuntime(folder, latency, methods, calibrate)
+    return SelectorRuntime(folder, latency, methods=methods, calibrate=calibrate)

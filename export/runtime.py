@@ -16,6 +16,9 @@ the actions with a latency profile (the one the selector was trained with, or a 
 ``branchpoint profile`` on the machine where it runs) and implements the decoder's selector protocol
 (`decoding.policy`): ``select(RootFeatures) -> Choice``.
 
+``calibrate=True`` corrects the profile's step times online with the decoder's measured ones
+(`decoding.calibration`; the decoder calls ``observe_step`` after every step).
+
 ``speculating_only=True`` restricts the decision to the outputs that draft a tree (a cascade's second stage,
 `export.cascade`). ``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
 Ê / T over the valid outputs of those methods only (computed here with numpy from the graph's Ê, the same
@@ -29,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from decoding.actions import parse_action
+from decoding.calibration import OnlineCalibration
 from decoding.errors import UserInputError
 from decoding.features import FeatureError, FeatureSchema
 from decoding.files import read_json, sha256_file
@@ -89,7 +93,7 @@ class SelectorRuntime:
 
     def __init__(self, folder: str | Path, latency: str | Path | LatencyModel | None = None,
                  providers: tuple[str, ...] = ("CPUExecutionProvider",), methods: list[str] | None = None,
-                 speculating_only: bool = False) -> None:
+                 speculating_only: bool = False, calibrate: bool = False) -> None:
         import onnxruntime as ort
 
         self.folder = Path(folder)
@@ -127,6 +131,9 @@ class SelectorRuntime:
         self._check_session()
         check_sidecar_schema(self.sidecar["features"], self.schema, self.folder / SIDECAR_FILE)
         self._seconds = BlockMemo(self._price_block, SECONDS_BLOCK, 8 * SECONDS_BLOCK)  # context length -> step_seconds
+        self._speculative = np.array([a.tree_size > 0 for _, a in self.table])  # [outputs]
+        self._first_output = {a: o for o, (_, a) in reversed(list(enumerate(self.table)))}  # action -> an output
+        self.calibration = OnlineCalibration() if calibrate else None
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
         self.feature_set = self.schema.feature_set
@@ -162,8 +169,21 @@ class SelectorRuntime:
         """``[outputs]`` T(c, a) of every output at this context length: the step as the latency model prices it
         with the features' cost, plus the selector's own inference time (what training charged). Priced for
         `SECONDS_BLOCK` context lengths at once and kept (`decoding.latency.BlockMemo`); a copy, so a caller's
-        edit does not reach the kept row."""
-        return self._seconds.get(int(context_length)).copy()
+        edit does not reach the kept row. With ``calibrate``, times the online calibration's factors
+        (`decoding.calibration`)."""
+        seconds = self._seconds.get(int(context_length)).copy()
+        if self.calibration is not None:
+            seconds *= self.calibration.factors(self._speculative).astype(np.float32)
+        return seconds
+
+    def observe_step(self, action, context_length: int, seconds: float) -> None:
+        """The decoder's step-time hook: one finished step of ``action`` took ``seconds`` (feeds the calibration;
+        nothing without ``calibrate``, or for an action that is not an output)."""
+        o = self._first_output.get(action)
+        if self.calibration is None or o is None:
+            return
+        modelled = float(self._seconds.get(int(context_length))[o])
+        self.calibration.observe(action.tree_size > 0, seconds, modelled)
 
     def _price_block(self, lengths: np.ndarray) -> np.ndarray:
         """``[block, outputs]`` float32 `step_seconds` of each of the context lengths ``lengths`` ``[block]``."""
@@ -195,6 +215,8 @@ class SelectorRuntime:
         if self.allowed is not None:
             kept = sorted({m for (m, _), ok in zip(self.table, self.allowed, strict=True) if ok})
             only = f", restricted to {kept}"
+        if self.calibration is not None:
+            only += ", calibrated online"
         return (f"SelectorRuntime({self.folder}, {self.schema.feature_set}, methods {self.methods}, "
                 f"{len(self.table)} outputs{only})")
 

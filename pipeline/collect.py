@@ -23,7 +23,7 @@ from pathlib import Path
 
 from data_collection.dataset_schema import trajectory_key  # noqa: F401  (the collect keys; tests import it here)
 from decoding.errors import UserInputError
-from decoding.files import stable_hash64
+from decoding.files import sha256_file, stable_hash64
 
 SECTIONS = ("model", "trajectories", "actions", "profile", "collect")  # the params sections it loads
 
@@ -59,15 +59,30 @@ def prompt_part(prompt_id: str, count: int) -> int:
     return stable_hash64(prompt_id) % count
 
 
-def folder_digest(path: str | Path) -> str:
-    """sha256 over the files of a folder (or one file): the identity of an input artifact."""
-    path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
+def draft_digest(folder: str | Path) -> str:
+    """The identity of a self-draft artifact in a dataset's config hash: its weights and its config without
+    ``extra`` (the training run's bookkeeping: seconds, record counts, MLflow run id), so a retrain to the same
+    weights keeps the collected rows valid and other weights or another config do not."""
+    from models.self_draft import CONFIG_FILE, WEIGHTS_FILE, read_artifact_config
+
+    folder = Path(folder)
+    read_artifact_config(folder)  # a clear error when the folder is not an artifact
+    config = {k: v for k, v in json.loads((folder / CONFIG_FILE).read_text()).items() if k != "extra"}
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    h.update(bytes.fromhex(sha256_file(folder / WEIGHTS_FILE)))
     return h.hexdigest()[:16]
+
+
+def trajectories_digest(folder: str | Path) -> str:
+    """The identity of a trajectories folder in a dataset's config hash: the sha256 of its Parquet (the tokens
+    collect reads), not the manifest's bookkeeping (sampling seconds, speed, batch size)."""
+    from data_collection.trajectories import PARQUET_FILE, REBUILD, TrajectoryError, read_manifest
+
+    folder = Path(folder)
+    parquet = folder / read_manifest(folder).get("parquet", PARQUET_FILE)
+    if not parquet.is_file():
+        raise TrajectoryError(f"{parquet} is missing (the manifest names it); {REBUILD}")
+    return sha256_file(parquet)[:16]
 
 
 def _header(cfg, pair, space) -> dict:
@@ -80,13 +95,13 @@ def _header(cfg, pair, space) -> dict:
     from models.loading import parse_spec
 
     scheme, rest = parse_spec(cfg.model.draft)
-    draft_id = folder_digest(rest) if scheme == "self_draft" else cfg.model.draft
+    draft_id = draft_digest(rest) if scheme == "self_draft" else cfg.model.draft
     c = cfg.collect
     config = {
         "format_version": FORMAT_VERSION,  # the row schema: a dataset of another version is never appended to
         "model": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
                   "dtype": cfg.model.dtype},
-        "trajectories": folder_digest(cfg.trajectories.out),
+        "trajectories": trajectories_digest(cfg.trajectories.out),
         "actions": {"K": cfg.actions.K, "L1": cfg.actions.L1, "L2": cfg.actions.L2},
         "collect": {k: getattr(c, k) for k in ("splits", "methods", "num_trees", "root_stride",
                                                 "max_roots_per_trajectory", "shard_size", "seed")},

@@ -102,6 +102,9 @@ def tuned_threshold_chain(cfg, decoder):
     return oe.threshold_chain_policy(tuning["max_length"], tuning["threshold"]), tuning
 
 
+UNCALIBRATED = "uncalibrated"  # the suffix of the selector policy decoded without the online calibration
+
+
 def build_policies(cfg, statics, space, with_selector: bool):
     from evaluation.online import AR_ACTION, AUTOREGRESSIVE, EvalPolicy, adaptive_chain_policy
 
@@ -114,17 +117,21 @@ def build_policies(cfg, statics, space, with_selector: bool):
     if with_selector:
         from export.cascade import load_selector
 
+        ec = cfg.evaluate
         latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
-        runtime = load_selector(cfg.export.out, latency=latency)  # a selector or a two-stage cascade
-        policies.append(EvalPolicy("selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}", "selector",
-                                   runtime.methods[0], runtime))
+        runtime = load_selector(cfg.export.out, latency=latency, calibrate=ec.calibrate)  # a selector or a cascade
+        name = "selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}"
+        policies.append(EvalPolicy(name, "selector", runtime.methods[0], runtime))
         if runtime.auto:
-            for m in cfg.evaluate.selector_methods or runtime.methods:
+            for m in ec.selector_methods or runtime.methods:
                 if m in runtime.methods:
-                    policies.append(EvalPolicy(f"selector:{m}", "selector", m,
-                                               load_selector(cfg.export.out, latency=latency, methods=[m])))
+                    policies.append(EvalPolicy(f"selector:{m}", "selector", m, load_selector(
+                        cfg.export.out, latency=latency, methods=[m], calibrate=ec.calibrate)))
                 else:
                     print(f"evaluate: the selector does not predict {m!r} (it has {runtime.methods}); skipped")
+        if ec.calibrate and ec.uncalibrated_selector:  # the same selector on the profile's times alone
+            policies.append(EvalPolicy(f"{name}:{UNCALIBRATED}", "selector", runtime.methods[0],
+                                       load_selector(cfg.export.out, latency=latency)))
     return policies, runtime
 
 
@@ -272,8 +279,10 @@ def run(cfg, args) -> int:
     }
     primary = next((p.name for p in policies if p.kind == "selector"), None)  # auto, or its one method
     if runtime is not None:
+        calibration = runtime.calibration  # None without evaluate.calibrate
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.feature_set, "policy": primary}
+                               "feature_set": runtime.feature_set, "policy": primary,
+                               "calibration": calibration.to_dict() if calibration is not None else None}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     if primary in table and sel_offline is not None:  # the trained selector's offline ratio (TEST roots, stage train)
         table[primary]["offline"] = {"vs_autoregressive": sel_offline}

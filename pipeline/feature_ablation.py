@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -82,18 +81,15 @@ def ablation(cfg, seeds: list[int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.config import load_config
+    from pipeline.study import add_config_arguments, study_config
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.feature_ablation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one selector per seed and variant")
     parser.add_argument("--out", default="metrics/study_feature_ablation.json")
-    parser.add_argument("--params", default="params.yaml", help="params file or preset (configs/quick.yaml, ...)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a parameter, e.g. --set train.epochs=10 (repeatable)")
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
-                      args.overrides)
+    cfg = study_config(args)
     result = ablation(cfg, args.seeds)
     out = Path(args.out)
     write_json_atomic(out, result)

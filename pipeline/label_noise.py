@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -163,7 +162,7 @@ def plot(result: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.config import load_config
+    from pipeline.study import add_config_arguments, study_config
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.label_noise", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,14 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=["traversal", "specinfer"])
     parser.add_argument("--seed", type=int, default=0, help="choice of the trajectories")
     parser.add_argument("--out", default="metrics/study_label_noise.json")
-    parser.add_argument("--params", default="params.yaml", help="params file or preset (configs/quick.yaml, ...)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a parameter (repeatable)")
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
     if args.roots < 1 or args.trees < 2:
         parser.error(f"need --roots >= 1 and --trees >= 2, got {args.roots} and {args.trees}")
-    cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
-                      args.overrides)
+    cfg = study_config(args)
     unknown = sorted(set(args.methods) - set(cfg.collect.methods))
     if unknown:
         parser.error(f"--methods {unknown} are not collected methods {cfg.collect.methods}")

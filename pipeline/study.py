@@ -171,9 +171,22 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--params`` and ``--set``: the configuration every study reads (`study_config`)."""
+    parser.add_argument("--params", default="params.yaml", help="params file or preset (configs/quick.yaml, ...)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a parameter, e.g. --set train.epochs=10 (repeatable)")
+
+
+def study_config(args: argparse.Namespace):
+    """The configuration of `add_config_arguments`' flags (the built-in defaults when params.yaml is absent)."""
     from pipeline.config import load_config
 
+    params = args.params if os.path.exists(args.params) or args.params != "params.yaml" else None
+    return load_config(params, args.overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="study", required=True)
@@ -184,14 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     cs = sub.add_parser("cascade", help="two-stage decision vs paper / target_only alone (TEST roots, offline)")
     cs.add_argument("--out", default="metrics/study_cascade.json")
     for p in (lc, cs):
-        p.add_argument("--params", default="params.yaml", help="params file or preset (configs/quick.yaml, ...)")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a parameter, e.g. --set train.epochs=10 (repeatable)")
+        add_config_arguments(p)
     args = parser.parse_args(argv)
     if args.study == "learning-curve" and any(not 0 < f <= 1 for f in args.fractions):
         parser.error(f"--fractions must be in (0, 1], got {args.fractions}")
-    cfg = load_config(args.params if os.path.exists(args.params) or args.params != "params.yaml" else None,
-                      args.overrides)
+    cfg = study_config(args)
     out = Path(args.out)
     if args.study == "cascade":
         result = cascade(cfg)

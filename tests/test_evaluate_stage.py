@@ -109,9 +109,12 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
     names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
-             "threshold_chain", "selector:auto", "selector:traversal", "selector:gbv"]
+             "threshold_chain", "selector:auto", "selector:traversal", "selector:gbv", "selector:auto:uncalibrated"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 40}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 44}
+    cal = m["selector"]["calibration"]  # the primary selector's online calibration, after every decode
+    assert sum(cal["steps"].values()) >= m["policies"]["selector:auto"]["units"] and cal["half_life"] > 0
+    assert all(0.25 <= f <= 4 for f in cal["factors"].values()), cal
     for name, e in m["policies"].items():
         assert e["units"] == 4 and e["prompts"] == 2
         r = e["tokens_per_second"]

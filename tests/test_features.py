@@ -33,6 +33,9 @@ class FakeLatency:
     def t_p(self, l, tokens):  # noqa: E741
         return 1e-2 + 1e-5 * np.asarray(l, dtype=float)
 
+    def root_step_seconds(self, l):  # noqa: E741 (LatencyModel's memoized one-row / one-token steps)
+        return float(self.t_q(l, 1)), float(self.t_p(l, 1))
+
 
 def test_torch_free_import_of_protocol_schema_and_latency():
     """The selector protocol, the feature schema, the sampling transform and the latency model import and
@@ -52,6 +55,7 @@ def test_torch_free_import_of_protocol_schema_and_latency():
         class Lat:
             def t_q(self, l, rows): return 0.001
             def t_p(self, l, tokens): return 0.01
+            def root_step_seconds(self, l): return 0.001, 0.01
         x = FeatureSchema.for_pair("paper", 4, 3).vectorize(root, Lat())
         assert x["scalars"].shape == (11,) and x["h_p_prev"].dtype == np.float32
         assert StaticPolicy(Action(1, 0, 0)).select(root) == Action(1, 0, 0)

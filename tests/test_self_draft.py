@@ -126,6 +126,25 @@ def test_save_load_round_trip_and_errors(target, tmp_path):
         SelfDraft(target, config(layers=5))
 
 
+def test_collect_digest_is_weights_and_config_not_bookkeeping(target, tmp_path):
+    """Collect keys its dataset on `draft_digest`: a retrain to the same weights (other seconds, another MLflow run)
+    must keep it, other weights or another config must change it."""
+    from pipeline.collect import draft_digest
+
+    draft = make_draft(target)
+    a = draft_digest(save_self_draft(draft, tmp_path / "a", extra={"train_seconds": 1.0, "mlflow_run_id": "x"}))
+    b = draft_digest(save_self_draft(draft, tmp_path / "b", extra={"train_seconds": 2.0, "mlflow_run_id": "y"}))
+    assert a == b
+    with torch.no_grad():
+        next(draft.adapter.parameters()).add_(1e-3)
+    assert draft_digest(save_self_draft(draft, tmp_path / "c")) != a
+    other = make_draft(target)
+    other.config_draft.adapter_width += 1  # the config alone differs (same weights file)
+    assert draft_digest(save_self_draft(other, tmp_path / "d")) != a
+    with pytest.raises(SelfDraftError, match="no self-draft artifact"):
+        draft_digest(tmp_path / "missing")
+
+
 def test_full_depth_identity_draft_accepts_everything(target):
     """k = all layers, whole vocabulary, identity adapter, zero bias: q == p, acceptance 1."""
     draft = SelfDraft(target, config(layers=4, width=8)).eval()

@@ -102,6 +102,20 @@ def test_save_load_round_trip_and_split_filter(tmp_path):
     assert ds["continuation_ids"] == [[8, 9, 2], [10], []] and ds["split"] == ["draft", "train", "test"]
 
 
+def test_digest_is_the_tokens_not_the_bookkeeping(tmp_path):
+    """Collect keys its dataset on `trajectories_digest`: the same tokens sampled again (other speed, other batch size)
+    keep it; other tokens change it."""
+    from pipeline.collect import trajectories_digest
+
+    a = save_trajectories(tmp_path / "a", trajectories(), {"target": "tiny", "sampling_seconds": 1.0})
+    b = save_trajectories(tmp_path / "b", trajectories(), {"target": "tiny", "sampling_seconds": 9.0})
+    assert trajectories_digest(a) == trajectories_digest(b)
+    other = trajectories()[:2]
+    assert trajectories_digest(save_trajectories(tmp_path / "c", other, {"target": "tiny"})) != trajectories_digest(a)
+    with pytest.raises(TrajectoryError, match="no trajectories at"):
+        trajectories_digest(tmp_path / "missing")
+
+
 def test_corrupt_or_missing_files_give_one_clear_error(tmp_path):
     with pytest.raises(TrajectoryError, match="no trajectories at .*branchpoint trajectories"):
         load_trajectories(tmp_path / "missing")

@@ -12,6 +12,8 @@ the same step. One *step* starts at a *root* (the last emitted token, not yet pr
 5. prune: both caches keep only the accepted path (`cache.KVState.keep`); the context is never
    re-encoded. The draft's rows and hidden states at the new root's predecessor are kept for the
    next step's features.
+6. observe: a policy with an ``observe_step`` hook is told the action and the step's wall time (what
+   `decoding.calibration` corrects the latency model with).
 Autoregressive sampling is the same loop with the empty tree (action ``1,0,0``): no draft, one target
 pass on the root, one token drawn from p.
 
@@ -151,7 +153,9 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
              rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
-        """One speculation step from ``state``'s root (module docstring); appends to ``state.out``."""
+        """One speculation step from ``state``'s root (module docstring); appends to ``state.out``. A policy with an
+        ``observe_step(action, context_length, seconds)`` hook is told the step's wall time at its end."""
+        start, context_length = clock.t, state.context_length
         hidden = static_action(policy) is None and needs_hidden_states(policy)
         # 1. choose (after the draft's root step when the selector's features need it)
         action, verifier, features, q_root, h_q_root = self._choose(state, policy, verifier, sampling, hidden,
@@ -189,6 +193,9 @@ class SpeculativeDecoder:
         method = verifier.name if verifier is not None and action.tree_size else None
         stats.record_step(int(tree.depths.max()), len(accepted), str(action), method)
         state.out.extend(new)
+        observe = getattr(policy, "observe_step", None)
+        if callable(observe):  # e.g. the online calibration of the latency model (decoding.calibration)
+            observe(action, context_length, clock.now() - start)
         return StepResult(action, method, new, features)
 
     def _choose(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None,

@@ -101,9 +101,13 @@ class Timer:
         self.cuda = device.type == "cuda"
         self.t = time.perf_counter()
 
-    def lap(self) -> float:
+    def now(self) -> float:
+        """The current time (after the device's queued work), without starting a new lap."""
         if self.cuda:
             torch.cuda.synchronize()
-        now = time.perf_counter()
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        now = self.now()
         dt, self.t = now - self.t, now
         return dt

@@ -29,6 +29,12 @@ class EvaluateConfig:
     tune_thresholds: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
+    # the selector's step times corrected online by the decoder's measured ones (decoding.calibration): the profile
+    # is half an hour old when evaluate runs, and this VM drifts 20-50% within minutes
+    calibrate: bool = True
+    # also decode the selector with the profile's times as they are (policy "<selector>:uncalibrated"), to show
+    # what the calibration changes in the same run
+    uncalibrated_selector: bool = True
     warmup: bool = True  # one short untimed decode per policy first
     bootstrap: int = 2000  # bootstrap resamples (over prompts) of each confidence interval
     ci: float = 0.95
