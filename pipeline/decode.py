@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", metavar="FILE",
                         help="with --selector: price actions with this latency profile (`branchpoint profile` on "
                              "this machine) instead of the one the selector was trained with")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="with --selector: correct the profile's step times online with this decode's measured "
+                             "ones (decoding/calibration.py; the choices then depend on the machine's speed)")
     parser.add_argument("--json", metavar="FILE", help="also write the tokens, text and statistics to FILE")
 
 
@@ -63,6 +66,8 @@ def check_inputs(cfg, args, draft_spec: str) -> None:
 
     here = "" if Path(args.params).is_file() else (
         f" (there is no {args.params} in {Path.cwd()}: run decode from the project folder, or pass --params)")
+    if args.calibrate and not args.selector:
+        raise UserInputError("--calibrate corrects a selector's step times: it needs --selector")
     if args.selector:
         folder = Path(args.selector)
         if not folder.is_dir():
@@ -98,7 +103,7 @@ def run(cfg, args) -> int:
         from export.cascade import load_selector
 
         check_inputs(cfg, args, cfg.model.draft)
-        policy = load_selector(args.selector, latency=args.latency)  # a selector or a two-stage cascade
+        policy = load_selector(args.selector, latency=args.latency, calibrate=args.calibrate)  # or a cascade
         if method == AUTOREGRESSIVE:
             method = policy.methods[0]
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))
@@ -131,6 +136,8 @@ def run(cfg, args) -> int:
     print("-" * 72)
     print(result.stats.summary())
     print(f"  steps used: {used_label(used)}")
+    if getattr(policy, "calibration", None) is not None:
+        print(f"  online calibration: {policy.calibration}")
     if args.json:
         _write_json(args.json, {"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
                                 "action": str(action) if policy is action else str(policy)}, sampling, result.stats)
