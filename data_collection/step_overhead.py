@@ -12,7 +12,7 @@ import torch
 
 from decoding.actions import Action
 from decoding.engine.generate import SpeculativeDecoder
-from decoding.latency import LatencyModel, draft_forwards
+from decoding.latency import VERIFY_REFERENCE, LatencyModel, draft_forwards
 from decoding.sampling import Sampling
 
 DEFAULT_SAMPLING = Sampling()
@@ -50,7 +50,7 @@ def measure_step_overhead(target: torch.nn.Module, draft: torch.nn.Module, vocab
     if not any(a.tree_size == 0 for a in actions) or not any(a.tree_size for a in actions):
         raise ValueError("measure_step_overhead needs the tree-less action and at least one speculative action")
     decoder = SpeculativeDecoder(target, draft, vocab_size)
-    method = {a: "autoregressive" if not a.tree_size else "traversal" for a in actions}
+    method = {a: "autoregressive" if not a.tree_size else VERIFY_REFERENCE for a in actions}
     for action in actions:
         decoder.generate(list(prompt_ids), 4, method[action], action, sampling, seed=99)  # warm-up
     measured = {a: [] for a in actions}

@@ -26,6 +26,12 @@ Terms:
   -9 ms for 1,0,1 and -1 ms for 3,0,1 around its constant, enough to reverse which of the two a selector or the
   best static picks. Each measured shape's own mean (about 115 steps, standard error under 1 ms) prices it as
   the engine runs it.
+- *verification cost* ``verify_seconds``: ``{method: {"K,L1,L2": seconds}}``, one `VerificationMethod.verify` call
+  on that shape's tree with rows of the pair's vocabulary (`data_collection.verify_cost`). The step overhead
+  was measured with `VERIFY_REFERENCE` (Traversal), so a step verified by method m costs ``verify_offset(m, a)
+  = verify_seconds[m][a] - verify_seconds[VERIFY_REFERENCE][a]`` more (0 for a shape or method not measured,
+  and for the empty tree). On the 2-core CPU GBV's verification of a 2,0,1 tree took 5.2 ms against
+  Traversal's 0.3 ms: the same tree, one in ten of a step's time.
 The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
 
 Interpolation (`t_q`, `t_p`): piecewise linear in the context length, extrapolated linearly beyond the
@@ -50,6 +56,9 @@ with one row (its K children are drawn from its single q row), so the engine mak
 forwards and ``L2 - 1`` K-row forwards where the formula has L1 and L2; and each forward is priced
 at the engine's actual cache length. (When the previous step accepted an unfed leaf, the engine feeds
 it together with the root as 2 rows at context l - 1; priced as 1 row at l.)
+
+`output_seconds_at` / `output_seconds_matrix` price a selector's outputs, method-major ``(method, action)``: each
+method's block is `step_seconds_at` plus that method's `verify_offset`.
 
 ``features`` adds the cost of computing the selector's inputs: None (a static policy) adds nothing;
 ``"target_only"`` adds ``feature_seconds`` to every action; ``"paper"`` adds ``feature_seconds`` to
@@ -77,6 +86,7 @@ FORMAT_VERSION = 1
 FEATURE_MODES = (None, "target_only", "paper")
 _KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
 OVERHEAD_KEYS = ("plain", "speculative", "per_forward", "per_node")  # step_overhead: seconds (module docstring)
+VERIFY_REFERENCE = "traversal"  # the method the step-overhead decodes verify with (module docstring)
 
 
 class LatencyProfileError(UserInputError):
@@ -135,22 +145,37 @@ def _overhead(values) -> dict:
     return {k: float(v) for k, v in out.items()}
 
 
-def _action_overhead(values) -> dict[Action, float]:
+def _action_overhead(values, name: str = "action_overhead") -> dict[Action, float]:
     """``action_overhead`` checked: ``"K,L1,L2"`` keys of valid actions (`parse_action`), finite seconds; keyed by
     the parsed `Action`."""
     if not isinstance(values, dict):
-        raise LatencyProfileError(f"latency profile: action_overhead must be a mapping, got {type(values).__name__}")
+        raise LatencyProfileError(f"latency profile: {name} must be a mapping, got {type(values).__name__}")
     out = {}
     for key, v in values.items():
         try:
             action = parse_action(key)
         except UserInputError as e:
-            raise LatencyProfileError(f"latency profile: action_overhead key {key!r} is not an action ({e})") from None
-        seconds = _numbers(f"action_overhead[{key}]", v)
+            raise LatencyProfileError(f"latency profile: {name} key {key!r} is not an action ({e})") from None
+        seconds = _numbers(f"{name}[{key}]", v)
         if seconds.ndim or not np.isfinite(seconds):
-            raise LatencyProfileError(f"latency profile: action_overhead[{key}] must be a finite number of seconds, "
+            raise LatencyProfileError(f"latency profile: {name}[{key}] must be a finite number of seconds, "
                                       f"got {v!r}")
         out[action] = float(seconds)
+    return out
+
+
+def _verify_seconds(values) -> dict[str, dict[Action, float]]:
+    """``verify_seconds`` checked: ``{method: {"K,L1,L2": seconds}}`` with finite seconds >= 0; keyed by `Action`."""
+    if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+        raise LatencyProfileError("latency profile: verify_seconds must map each method to {\"K,L1,L2\": seconds}, "
+                                  f"got {values!r:.80}")
+    out: dict[str, dict[Action, float]] = {}
+    for method, by_shape in values.items():
+        kept = _action_overhead(by_shape, f"verify_seconds[{method}]")  # the per-shape overheads' checks
+        negative = [str(a) for a, v in kept.items() if v < 0]
+        if negative:
+            raise LatencyProfileError(f"latency profile: verify_seconds[{method}][{negative[0]}] is negative")
+        out[str(method)] = kept
     return out
 
 
@@ -267,6 +292,7 @@ class LatencyModel:
     meta: dict = field(default_factory=dict)  # machine, cpu, threads, device, versions, model specs, settings, date
     step_overhead: dict = field(default_factory=dict)  # OVERHEAD_KEYS -> seconds; {} = none measured (0)
     action_overhead: dict = field(default_factory=dict)  # "K,L1,L2" -> seconds: measured shapes (module docstring)
+    verify_seconds: dict = field(default_factory=dict)  # method -> {"K,L1,L2" -> seconds}; {} = none measured (0)
 
     def __post_init__(self) -> None:
         contexts = _grid("contexts", self.contexts, 0)
@@ -291,6 +317,9 @@ class LatencyModel:
         overhead_of = _action_overhead(self.action_overhead)  # Action -> seconds (the pricing reads this one)
         object.__setattr__(self, "_overhead_of", overhead_of)
         object.__setattr__(self, "action_overhead", {str(a): v for a, v in overhead_of.items()})  # JSON form
+        verify_of = _verify_seconds(self.verify_seconds)  # method -> {Action -> seconds}
+        object.__setattr__(self, "_verify_of", verify_of)
+        object.__setattr__(self, "verify_seconds", {m: {str(a): v for a, v in by.items()} for m, by in verify_of.items()})
         object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
         object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
         object.__setattr__(self, "_root_memo", BlockMemo(self._root_block))  # context length -> root_step_seconds
@@ -348,6 +377,28 @@ class LatencyModel:
             seconds += self.feature_seconds
         return seconds
 
+    def verify_offset(self, method: str | None, actions: ActionSpace | Sequence[Action]) -> np.ndarray:
+        """``[A]`` seconds a step verified by ``method`` costs beyond one verified by `VERIFY_REFERENCE` (module
+        docstring); 0 for the empty tree, an unmeasured method or shape, and ``method`` None."""
+        mine = self._verify_of.get(method) if method is not None else None
+        ref = self._verify_of.get(VERIFY_REFERENCE, {})
+        if not mine:
+            return np.zeros(len(actions))
+        return np.array([mine[a] - ref[a] if a.tree_size and a in mine and a in ref else 0.0 for a in actions])
+
+    def output_seconds_at(self, context_lengths, actions: ActionSpace | Sequence[Action], methods: Sequence[str],
+                          features: str | None = None) -> np.ndarray:
+        """``[L, M * A]`` T of every (method, action) output, method-major: `step_seconds_at` plus each method's
+        `verify_offset`."""
+        per = self.step_seconds_at(context_lengths, actions, features)  # [L, A]
+        return np.concatenate([per + self.verify_offset(m, actions)[None, :] for m in methods], axis=1)
+
+    def output_seconds_matrix(self, context_lengths, actions: ActionSpace | Sequence[Action], methods: Sequence[str],
+                              features: str | None = None) -> np.ndarray:
+        """``[N, M * A]`` `output_seconds_at` at each root's context length."""
+        per = self.step_seconds_matrix(context_lengths, actions, features)  # [N, A]
+        return np.concatenate([per + self.verify_offset(m, actions)[None, :] for m in methods], axis=1)
+
     def step_seconds_matrix(self, context_lengths, actions: ActionSpace | Sequence[Action],
                             features: str | None = None) -> np.ndarray:
         """``[N, A]`` T(c, a) at each root's context length (`step_seconds_at`, once per distinct length)."""
@@ -365,7 +416,7 @@ class LatencyModel:
             "draft_seconds": self.draft_seconds.tolist(), "target_tokens": self.target_tokens.tolist(),
             "target_seconds": self.target_seconds.tolist(), "feature_seconds": self.feature_seconds,
             "step_overhead": dict(self.step_overhead), "action_overhead": dict(self.action_overhead),
-            "meta": self.meta,
+            "verify_seconds": {m: dict(by) for m, by in self.verify_seconds.items()}, "meta": self.meta,
         }
 
     @classmethod
@@ -380,7 +431,7 @@ class LatencyModel:
             raise LatencyProfileError(f"{where}: missing keys {missing}; re-run `branchpoint profile`")
         try:
             return cls(**{k: d[k] for k in _KEYS}, step_overhead=d.get("step_overhead") or {},
-                       action_overhead=d.get("action_overhead") or {})
+                       action_overhead=d.get("action_overhead") or {}, verify_seconds=d.get("verify_seconds") or {})
         except LatencyProfileError as e:
             raise LatencyProfileError(str(e).replace("latency profile", where, 1)) from None
 

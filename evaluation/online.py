@@ -54,25 +54,34 @@ class EvalPolicy:
     action: str | None = None  # the static action, "K,L1,L2"
 
 
-def step_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray) -> np.ndarray:
-    """``[N, A]`` T(c, a) of a static policy (no feature cost) at each root's context length."""
-    return latency.step_seconds_matrix(context_length, space)
+def step_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray,
+                 methods: Sequence[str] = ()) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(T [N, A], offsets)``: T(c, a) of a static policy (no feature cost) at each root's context length, and
+    each of ``methods``' ``[A]`` verification cost beyond Traversal's (`LatencyModel.verify_offset`)."""
+    return latency.step_seconds_matrix(context_length, space), {m: latency.verify_offset(m, space) for m in methods}
+
+
+def _priced(T: np.ndarray, offsets: dict[str, np.ndarray] | None, method: str) -> np.ndarray:
+    """T of the steps verified by ``method``: ``T`` plus its offsets (none given or unknown method: T)."""
+    off = (offsets or {}).get(method)
+    return T if off is None else T + off[None, :]
 
 
 def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpace, methods: Sequence[str],
-                 chain: bool = True) -> dict[str, tuple[str, int]]:
+                 chain: bool = True, offsets: dict[str, np.ndarray] | None = None) -> dict[str, tuple[str, int]]:
     """``{policy name: (method, action index)}``: each method's best speculating static action on these (TRAIN)
-    roots, and the chain's (`CHAIN_METHOD` on K = 1 / L2 = 0 actions, labels of `chain_source`)."""
+    roots, and the chain's (`CHAIN_METHOD` on K = 1 / L2 = 0 actions, labels of `chain_source`); each priced with
+    its method's verification ``offsets`` (`step_seconds`) when given."""
     size = np.array([a.tree_size for a in space])
     out: dict[str, tuple[str, int]] = {}
     src = chain_source(labels)
     if chain and src is not None:
         chain_ok = np.array([a.is_chain for a in space]) & (size > 0)
         E = np.where(chain_ok, labels[src], np.nan)
-        out[CHAIN] = (CHAIN_METHOD, throughput.best_static(E, T))
+        out[CHAIN] = (CHAIN_METHOD, throughput.best_static(E, _priced(T, offsets, CHAIN_METHOD)))
     for m in methods:
         E = np.where(size > 0, labels[m], np.nan)
-        out[f"static:{m}"] = (m, throughput.best_static(E, T))
+        out[f"static:{m}"] = (m, throughput.best_static(E, _priced(T, offsets, m)))
     return out
 
 
@@ -124,8 +133,9 @@ def best_static_name(offline_fit: dict[str, dict]) -> str | None:
 
 
 def offline_tps(labels: dict[str, np.ndarray], T: np.ndarray, statics: dict[str, tuple[str, int]],
-                space: ActionSpace) -> dict[str, dict]:
-    """Realized TPS of autoregressive and of each static policy on these (TEST) roots, and the ratio to AR."""
+                space: ActionSpace, offsets: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+    """Realized TPS of autoregressive and of each static policy on these (TEST) roots, and the ratio to AR; each
+    static priced with its method's verification ``offsets`` when given."""
     n = T.shape[0]
     if n == 0:
         return {}
@@ -134,7 +144,7 @@ def offline_tps(labels: dict[str, np.ndarray], T: np.ndarray, statics: dict[str,
     src = chain_source(labels)
     for name, (method, a) in statics.items():
         E = labels[src if method == CHAIN_METHOD else method]
-        tps = throughput.realized_tps(E, T, np.full(n, a))
+        tps = throughput.realized_tps(E, _priced(T, offsets, method), np.full(n, a))
         out[name] = {"tps": tps, "vs_autoregressive": tps / ar, "mean_label": float(np.mean(E[:, a])),
                      "action": str(space[a])}
     return out

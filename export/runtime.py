@@ -187,9 +187,8 @@ class SelectorRuntime:
 
     def _price_block(self, lengths: np.ndarray) -> np.ndarray:
         """``[block, outputs]`` float32 `step_seconds` of each of the context lengths ``lengths`` ``[block]``."""
-        per_action = self.latency.step_seconds_at(lengths, self.actions, features=self.schema.feature_set)
-        per_action = per_action + float(self.sidecar.get("inference_seconds") or 0.0)
-        return np.tile(per_action, (1, len(self.methods))).astype(np.float32)
+        per_output = self.latency.output_seconds_at(lengths, self.actions, self.methods, self.schema.feature_set)
+        return (per_output + float(self.sidecar.get("inference_seconds") or 0.0)).astype(np.float32)
 
     def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first); for a

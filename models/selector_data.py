@@ -104,10 +104,10 @@ class SelectorData:
 
 def step_costs(latency, context_length: np.ndarray, layout: OutputLayout, features: str | None,
                extra_seconds: float = 0.0) -> np.ndarray:
-    """``[N, O]`` seconds of one step per output (`LatencyModel.step_seconds`, one call per distinct
-    context length; the same action costs the same under every method)."""
-    per = latency.step_seconds_matrix(context_length, list(layout.actions), features)  # [N, A]
-    return np.tile(per, (1, len(layout.methods))) + float(extra_seconds)
+    """``[N, O]`` seconds of one step per output (`LatencyModel.output_seconds_matrix`: the action's forwards and
+    overhead, one call per distinct context length, plus the method's verification beyond Traversal's)."""
+    return latency.output_seconds_matrix(context_length, list(layout.actions), layout.methods, features) + float(
+        extra_seconds)
 
 
 def _column(columns, name: str, dtype) -> np.ndarray:

@@ -149,13 +149,16 @@ def offline_part(cfg):
     if missing:
         raise UserInputError(f"evaluate.methods names {missing}, but {cfg.collect.out} has labels only for "
                              f"{sorted(labels)}; add them to collect.methods and re-collect, or drop them")
-    T = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"])  # [N, A]
+    T, offsets = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
+                                 [*methods, oe.CHAIN_METHOD])  # [N, A] and each method's verification cost
     split = cols["split"]
     fit = split == "train" if (split == "train").any() else np.ones(len(split), bool)
     test = split == "test"
-    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, methods, cfg.evaluate.chain)
-    offline = oe.offline_tps({m: E[test] for m, E in labels.items()}, T[test], statics, space)
-    best = oe.best_static_name(oe.offline_tps({m: E[fit] for m, E in labels.items()}, T[fit], statics, space))
+    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, methods, cfg.evaluate.chain,
+                              offsets)
+    offline = oe.offline_tps({m: E[test] for m, E in labels.items()}, T[test], statics, space, offsets)
+    best = oe.best_static_name(oe.offline_tps({m: E[fit] for m, E in labels.items()}, T[fit], statics, space,
+                                              offsets))
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)
     return {"space": space, "statics": statics, "offline": offline, "best_static": best, "findings": found,

@@ -46,8 +46,8 @@ def parity_rows(cfg, meta: dict, rows: int):
     inputs = batch_inputs(schema, cols, latency)
     actions = [parse_action(a) for a in meta["outputs"]["actions"]]
     methods = meta["outputs"]["methods"]
-    per = latency.step_seconds_matrix(cols["context_length"], actions, schema.feature_set)  # [N, A]
-    seconds = np.tile(per, (1, len(methods))).astype(np.float32)
+    seconds = latency.output_seconds_matrix(cols["context_length"], actions, methods, schema.feature_set)  # [N, O]
+    seconds = seconds.astype(np.float32)
     return inputs, seconds
 
 

@@ -1,8 +1,8 @@
 """``branchpoint profile``: stage profile, the latency profile of the model pair on this machine.
 
 Reads: params ``model.*`` (the pair, device, dtype, ``model.threads``), ``sampling.*`` (the row transform
-that is timed with each forward), ``decode.prompt`` (the context tokens), ``profile.*`` (the grid), and
-``train_draft.{layers, adapter_width, vocab_subset_size}``. Writes ``profile.out``
+that is timed with each forward), ``decode.prompt`` (the context tokens), ``profile.*`` (the grid), ``actions.*`` (the shapes whose verification
+is timed per method) and ``train_draft.{layers, adapter_width, vocab_subset_size}``. Writes ``profile.out``
 (artifacts/latency.json): the `decoding.latency.LatencyModel` tables, the feature cost, and the machine,
 versions and settings they were measured with. Every later stage loads it with ``LatencyModel.load``.
 
@@ -19,7 +19,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-SECTIONS = ("model", "sampling", "decode", "train_draft", "profile")  # the params sections it loads
+SECTIONS = ("model", "sampling", "decode", "train_draft", "actions", "profile")  # the params sections it loads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,12 +59,30 @@ def load_profiled_pair(cfg):
     return target, draft, common_vocab_size(target, draft, tokenizer), tokenizer, source
 
 
+POOL_POSITIONS = 32  # positions whose draft / target rows build the timed verification trees
+
+
+def pair_rows(target, draft, vocab: int, ids: list[int], sampling) -> tuple:
+    """``(q_pool, p_pool)``: ``[POOL_POSITIONS, V]`` draft and target probability rows at the last positions of one
+    forward of each model over ``ids`` (the trees `measure_verify_seconds` times)."""
+    import torch
+
+    from decoding.engine.torch_sampling import prob_rows
+
+    device = next(target.parameters()).device
+    x = torch.tensor([ids], device=device)
+    with torch.inference_mode():
+        rows = [prob_rows(m(input_ids=x).logits[0, -POOL_POSITIONS:], sampling, vocab) for m in (draft, target)]
+    return rows[0], rows[1]
+
+
 def run(cfg, args) -> int:
     import torch
 
     from data_collection.profile import profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
     from data_collection.step_overhead import measure_step_overhead
+    from data_collection.verify_cost import measure_verify_seconds
     from decoding.sampling import Sampling
 
     p = cfg.profile
@@ -86,6 +104,11 @@ def run(cfg, args) -> int:
         measured = {a: row["overhead_ms"] / 1e3 for a, row in by_action.items()}  # each decoded shape's own residual
         model = dataclasses.replace(model, step_overhead=overhead, action_overhead=measured,
                                     meta={**model.meta, "step_overhead_by_action": by_action})
+    if p.verify_repeats:  # each method's verify call per shape, on trees of the pair's own rows
+        q_pool, p_pool = pair_rows(target, draft, vocab, ids[: min(p.contexts[-1], 256)], sampling)
+        verify = measure_verify_seconds(list(cfg.actions.space()), q_pool, p_pool, repeats=p.verify_repeats,
+                                        progress=None if args.no_progress else "verify")
+        model = dataclasses.replace(model, verify_seconds=verify)
     model.save(p.out)
     print(f"pair: target {cfg.model.target}, draft {draft_source} (loaded in {load_s:.1f} s); "
           f"{model.meta['device']}, {model.meta['threads']} threads")
@@ -100,6 +123,11 @@ def run(cfg, args) -> int:
           f"{o['speculative'] * 1e3:.2f} + {o['per_forward'] * 1e3:.2f} per draft forward + "
           f"{o['per_node'] * 1e3:.3f} per tree node; measured shapes: " + ", ".join(
               f"{a} {v * 1e3:+.1f}" for a, v in model.action_overhead.items()))
+    if model.verify_seconds:
+        shown = [a for a in ("2,0,1", "3,0,1", "1,1,0", "2,1,2") if a in model.verify_seconds.get("traversal", {})]
+        print("verification (ms): " + "; ".join(
+            f"{m} " + ", ".join(f"{a} {by[a] * 1e3:.2f}" for a in shown if a in by)
+            for m, by in model.verify_seconds.items()))
     print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
           f"in {time.perf_counter() - start:.0f} s")
     return 0

@@ -165,6 +165,34 @@ def test_measured_shapes_take_their_own_overhead():
             toy(action_overhead=bad)
 
 
+def test_each_method_pays_its_own_verification_beyond_traversal():
+    """``verify_seconds`` prices a method's outputs by its verify time minus Traversal's (the step overhead's method),
+    for the shapes both measured; the empty tree, unmeasured shapes and methods pay nothing extra."""
+    actions = [Action(1, 0, 0), Action(2, 0, 1), Action(1, 1, 0), Action(2, 2, 3)]
+    verify = {"traversal": {"2,0,1": 3e-4, "1,1,0": 3e-4}, "gbv": {"2,0,1": 5.2e-3, "1,1,0": 6e-4},
+              "naive": {"1,1,0": 2e-4}}
+    m = toy(verify_seconds=verify)
+    np.testing.assert_allclose(m.verify_offset("gbv", actions), [0.0, 4.9e-3, 3e-4, 0.0], atol=1e-15)
+    np.testing.assert_allclose(m.verify_offset("naive", actions), [0.0, 0.0, -1e-4, 0.0], atol=1e-15)
+    for none in ("traversal", "specinfer", None):
+        np.testing.assert_array_equal(m.verify_offset(none, actions), np.zeros(4))
+    methods = ["traversal", "gbv", "specinfer"]
+    per = m.step_seconds_at([150, 300], actions, "target_only")
+    got = m.output_seconds_at([150, 300], actions, methods, "target_only")  # [L, M * A], method-major
+    assert got.shape == (2, 12)
+    for i, method in enumerate(methods):
+        np.testing.assert_allclose(got[:, 4 * i: 4 * i + 4], per + m.verify_offset(method, actions), atol=1e-15)
+    np.testing.assert_array_equal(m.output_seconds_matrix([300, 150, 300], actions, methods)[[1, 0, 2]],
+                                  m.output_seconds_at([150, 300, 300], actions, methods))
+    assert toy().verify_offset("gbv", actions).tolist() == [0.0] * 4  # an older profile: as before
+    d = json.loads(json.dumps(m.to_dict()))
+    assert LatencyModel.from_dict(d).verify_seconds == m.verify_seconds == verify
+    for bad, fragment in (({"gbv": {"2,0,1": -1e-3}}, "negative"), ({"gbv": {"2,0": 1e-3}}, r"verify_seconds\[gbv\] key"),
+                          ({"gbv": 1.0}, "must map each method"), ({"gbv": {"2,0,1": float("nan")}}, "finite")):
+        with pytest.raises(LatencyProfileError, match=fragment):
+            toy(verify_seconds=bad)
+
+
 @pytest.mark.parametrize("overhead, fragment", [
     ({"plain": 1e-3}, "step_overhead must have the keys"),
     ({"plain": 1e-3, "speculative": float("nan"), "per_forward": 0.0, "per_node": 0.0},

@@ -31,6 +31,22 @@ def test_best_statics_speculate_and_the_chain_stays_a_chain():
     assert CHAIN not in best_statics({"traversal": labels["traversal"]}, T, SPACE, ["traversal"])  # no OT labels
 
 
+def test_a_method_that_verifies_slowly_is_priced_so():
+    """With per-method verification offsets, a method's best static and its TPS pay its own verification: a
+    costly branching verify moves it off the branching tree, and its TPS falls by exactly that price."""
+    labels, T = _labels()
+    tree = SPACE.index(Action(2, 1, 1))
+    slow = np.array([1.0 if a.K > 1 and a.tree_size else 0.0 for a in SPACE])  # +1 s per branching tree
+    plain = best_statics(labels, T, SPACE, ["specinfer", "traversal"])
+    priced = best_statics(labels, T, SPACE, ["specinfer", "traversal"], offsets={"specinfer": slow})
+    assert plain["static:specinfer"][1] == tree and SPACE[priced["static:specinfer"][1]].K == 1
+    assert priced["static:traversal"] == plain["static:traversal"]  # no offsets: priced as before
+    fixed = {"static:specinfer": ("specinfer", tree)}
+    a, b = (offline_tps(labels, T, fixed, SPACE, o)["static:specinfer"]["tps"] for o in (None, {"specinfer": slow}))
+    assert a == pytest.approx(labels["specinfer"][0, tree] / T[0, tree])
+    assert b == pytest.approx(labels["specinfer"][0, tree] / (T[0, tree] + 1.0))
+
+
 def test_offline_tps_is_labels_over_seconds_and_relative_to_autoregressive():
     labels, T = _labels()
     st = best_statics(labels, T, SPACE, ["specinfer"])

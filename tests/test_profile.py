@@ -128,6 +128,7 @@ def tiny_params(tmp_path):
         f"model:\n  target: hf:{t}\n  draft: hf:{d}\n  device: cpu\n  threads: 1\n"
         "decode:\n  prompt: w5 w9 w33\n"
         "train_draft:\n  layers: 1\n  adapter_width: 16\n  vocab_subset_size: 32\n"
+        "actions:\n  K: [1, 2]\n  L1: [0, 1]\n  L2: [0, 1]\n"
         f"profile:\n  contexts: [4, 12]\n  draft_rows: [1, 2]\n  target_tokens: [1, 2, 4]\n  repeats: 2\n"
         f"  warmup: 1\n  feature_repeats: 2\n  out: {tmp_path / 'latency.json'}\n")
     return path
@@ -152,6 +153,14 @@ def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, ca
     # each decoded shape is priced with its own residual
     assert set(m.action_overhead) == set(by_action)
     assert all(m.action_overhead[a] * 1e3 == pytest.approx(r["overhead_ms"]) for a, r in by_action.items())
+    # every method's verify call on every tree of the action grid it supports (chain-only methods: chains)
+    from decoding.actions import ActionSpace
+
+    space = list(ActionSpace([1, 2], [0, 1], [0, 1]))
+    trees = {str(a) for a in space if a.tree_size}
+    assert set(m.verify_seconds["traversal"]) == set(m.verify_seconds["gbv"]) == trees
+    assert set(m.verify_seconds["naive"]) == {str(a) for a in space if a.tree_size and a.is_chain} != trees
+    assert np.all(np.isfinite(m.verify_offset("gbv", space)))
     if draft == "untrained":  # the self-draft is not built yet: an untrained one of the configured shape
         assert m.meta["draft_timed"].startswith("untrained self-draft") and "not_built" in m.meta["draft"]
     else:

@@ -67,3 +67,26 @@ def test_restricted_select_returns_only_that_method(folder):
 def test_unknown_or_empty_restriction_fails_clearly(folder, methods):
     with pytest.raises(SelectorArtifactError, match="cannot restrict the selector"):
         SelectorRuntime(folder, latency=toy_latency(), methods=methods)
+
+
+def test_each_methods_outputs_pay_its_verification(folder):
+    """With a profile that timed each method's verify call, the runtime prices every output of method m as
+    the shape's step plus m's verification beyond Traversal's, and training's step costs agree."""
+    import dataclasses
+
+    from models.selector_data import step_costs
+    from models.selector_network import OutputLayout
+
+    trees = [a for a in SPACE if a.tree_size]
+    verify = {"traversal": {str(a): 3e-4 for a in trees}, "specinfer": {str(a): 5e-4 for a in trees},
+              "bv": {str(a): 2e-3 for a in trees if a.K == 1}}
+    lat = dataclasses.replace(toy_latency(), verify_seconds=verify)
+    rt, base = SelectorRuntime(folder, latency=lat), SelectorRuntime(folder, latency=toy_latency())
+    got, want = rt.step_seconds(300), base.step_seconds(300)
+    extra = {"traversal": 0.0, "specinfer": 2e-4, "bv": 1.7e-3}
+    for o, (method, action) in enumerate(rt.table):
+        owed = extra[method] if action.tree_size and (method != "bv" or action.K == 1) else 0.0
+        assert got[o] == pytest.approx(want[o] + owed, abs=1e-7), (method, action)
+    layout = OutputLayout(METHODS, tuple(SPACE), True)
+    costs = step_costs(lat, np.array([300, 120]), layout, rt.schema.feature_set)
+    np.testing.assert_allclose(costs[0], got - float(rt.sidecar.get("inference_seconds") or 0.0), rtol=1e-6)

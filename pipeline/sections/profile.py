@@ -20,6 +20,9 @@ class ProfileConfig:
     # tokens decoded (2 seeds, the actions interleaved) with each of 9 static actions to measure the step overhead
     # beyond the forwards (verification, sampling, cache pruning: data_collection.step_overhead); 0 = charge none
     overhead_tokens: int = 64
+    # timed verify calls per (method, shape of the action grid) on trees of the pair's own rows (the median is kept:
+    # data_collection.verify_cost); the step overhead is Traversal's, so this prices the other methods; 0 = none
+    verify_repeats: int = 5
     out: str = "artifacts/latency.json"
 
     def validate(self) -> None:
@@ -29,8 +32,9 @@ class ProfileConfig:
                 raise ValueError(f"{name} must be a non-empty strictly ascending list of ints >= 1, not {values}")
             if first is not None and values[0] != first:
                 raise ValueError(f"{name} must start at {first} (the latency model needs it), not {values}")
-        if self.overhead_tokens < 0:
-            raise ValueError(f"overhead_tokens must be >= 0, not {self.overhead_tokens}")
+        if self.overhead_tokens < 0 or self.verify_repeats < 0:
+            raise ValueError(f"overhead_tokens and verify_repeats must be >= 0, not {self.overhead_tokens} and "
+                             f"{self.verify_repeats}")
         if self.repeats < 1 or self.warmup < 0 or self.feature_repeats < 1:
             raise ValueError(f"repeats and feature_repeats must be >= 1 and warmup >= 0, not "
                              f"{self.repeats}, {self.feature_repeats}, {self.warmup}")
