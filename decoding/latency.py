@@ -355,16 +355,24 @@ class LatencyModel:
                         features: str | None = None) -> np.ndarray:
         """``[L, A]`` T(c, a) at each of ``L`` context lengths, vectorized over them (the same sums, in the same
         order, as one `step_seconds` call per length)."""
+        return self.step_parts_at(context_lengths, actions, features)[2]
+
+    def step_parts_at(self, context_lengths, actions: ActionSpace | Sequence[Action], features: str | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(draft, target, total)``, each ``[L, A]``: the draft forwards' seconds, the target pass's, and the whole
+        `step_seconds_at` (which adds the step overhead and the feature cost to their sum); what the online
+        calibration scales part by part (`decoding.calibration`)."""
         ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
         k, l1, l2 = _action_arrays(actions)
         num = k.shape[0]
         idx, rel, rows = draft_forwards(0, actions, features)
-        seconds = np.zeros((num, ls.size))  # [A, L]; forwards are added in order, as np.bincount adds them
+        draft = np.zeros((num, ls.size))  # [A, L]; forwards are added in order, as np.bincount adds them
         if idx.size:
-            np.add.at(seconds, idx, self.t_q(rel[:, None] + ls[None, :], rows[:, None]))
-        seconds = seconds.T.copy()  # [L, A]
+            np.add.at(draft, idx, self.t_q(rel[:, None] + ls[None, :], rows[:, None]))
+        draft = draft.T.copy()  # [L, A]
         size = l1 + k * l2
-        seconds += self.t_p(np.broadcast_to(ls[:, None], seconds.shape), np.broadcast_to(1 + size, seconds.shape))
+        target = self.t_p(np.broadcast_to(ls[:, None], draft.shape), np.broadcast_to(1 + size, draft.shape))
+        seconds = draft + target
         o = self.step_overhead
         forwards = np.bincount(draft_forwards(0, actions)[0], minlength=num)  # the action's own draft forwards
         overhead = np.where(size > 0, o["speculative"] + o["per_forward"] * forwards + o["per_node"] * size,
@@ -375,7 +383,7 @@ class LatencyModel:
         seconds += overhead
         if features is not None:
             seconds += self.feature_seconds
-        return seconds
+        return draft, np.asarray(target, dtype=np.float64), seconds
 
     def verify_offset(self, method: str | None, actions: ActionSpace | Sequence[Action]) -> np.ndarray:
         """``[A]`` seconds a step verified by ``method`` costs beyond one verified by `VERIFY_REFERENCE` (module

@@ -15,6 +15,8 @@ picks both; every method is lossless and the choice is made before drafting) and
   drafts a tree, the decoder runs the draft's root step and takes ``refine``'s answer instead.
 - ``draft_tree(...)`` (optional, `decoding.threshold_chain.ThresholdChain`): drafts the step's tree itself (a
   tree whose shape follows the draft's own rows); the step records the drafted tree's action.
+- ``observe_step(action, context_length, timing: StepTiming)`` (optional, `export.runtime.SelectorRuntime` with
+  ``calibrate``): told after every step what it cost (`decoding.calibration` corrects the latency model with it).
 
 This module is the whole protocol: the ONNX runtime (`export/runtime.py`), trained selectors and any
 heuristic implement it the same way. `RootFeatures` holds the raw features of ALGORITHMS.md section 5,
@@ -40,6 +42,21 @@ class Choice:
 
     action: Action
     method: str | None = None
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """What one finished step cost, as the decoder measured it (the ``observe_step`` hook's argument)."""
+
+    seconds: float  # the whole step: choosing, drafting, the target pass, verification, pruning
+    draft_seconds: float  # the draft's forwards (its root step and the tree); 0 for a plain step
+    target_seconds: float  # the target's tree pass, with the transform of its rows
+    draft_catch_up: int = 1  # tokens the draft processed at the root: 1-2 in steady state, the prompt at first
+
+    @property
+    def rest_seconds(self) -> float:
+        """Everything but the forwards: features, the selector, verification, pruning."""
+        return self.seconds - self.draft_seconds - self.target_seconds
 
 
 @runtime_checkable
@@ -153,13 +170,13 @@ class Cascade:
         """Stage 2's choice, with the draft's root step in ``features`` (called only when stage 1 speculates)."""
         return self.stage2.select(features)
 
-    def observe_step(self, action: Action, context_length: int, seconds: float) -> None:
+    def observe_step(self, action: Action, context_length: int, timing: StepTiming) -> None:
         """The decoder's step-time hook, passed to each stage that has one (stage 1's decision is the one that
         weighs a step's cost against a plain step's)."""
         for stage in (self.stage1, self.stage2):
             observe = getattr(stage, "observe_step", None)
             if callable(observe):
-                observe(action, context_length, seconds)
+                observe(action, context_length, timing)
 
     def __repr__(self) -> str:
         return f"Cascade({self.stage1!r}, {self.stage2!r})"

@@ -134,6 +134,7 @@ class SelectorRuntime:
         self._speculative = np.array([a.tree_size > 0 for _, a in self.table])  # [outputs]
         self._first_output = {a: o for o, (_, a) in reversed(list(enumerate(self.table)))}  # action -> an output
         self.calibration = OnlineCalibration() if calibrate else None
+        self._parts = BlockMemo(self._parts_block, SECONDS_BLOCK, 8 * SECONDS_BLOCK)  # used with calibrate only
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
         self.feature_set = self.schema.feature_set
@@ -171,19 +172,28 @@ class SelectorRuntime:
         `SECONDS_BLOCK` context lengths at once and kept (`decoding.latency.BlockMemo`); a copy, so a caller's
         edit does not reach the kept row. With ``calibrate``, times the online calibration's factors
         (`decoding.calibration`)."""
-        seconds = self._seconds.get(int(context_length)).copy()
-        if self.calibration is not None:
-            seconds *= self.calibration.factors(self._speculative).astype(np.float32)
-        return seconds
+        if self.calibration is None:
+            return self._seconds.get(int(context_length)).copy()
+        draft, target, total = self._parts.get(int(context_length))
+        return self.calibration.price(draft, target, total, self._speculative).astype(np.float32)
 
-    def observe_step(self, action, context_length: int, seconds: float) -> None:
-        """The decoder's step-time hook: one finished step of ``action`` took ``seconds`` (feeds the calibration;
-        nothing without ``calibrate``, or for an action that is not an output)."""
+    def observe_step(self, action, context_length: int, timing) -> None:
+        """The decoder's step-time hook: what one finished step of ``action`` cost (`decoding.policy.StepTiming`);
+        feeds the calibration (nothing without ``calibrate``, or for an action that is not an output)."""
         o = self._first_output.get(action)
         if self.calibration is None or o is None:
             return
-        modelled = float(self._seconds.get(int(context_length))[o])
-        self.calibration.observe(action.tree_size > 0, seconds, modelled)
+        draft, target, total = self._parts.get(int(context_length))[:, o]
+        self.calibration.observe(action.tree_size > 0, timing, float(draft), float(target), float(total))
+
+    def _parts_block(self, lengths: np.ndarray) -> np.ndarray:
+        """``[block, 3, outputs]`` float64 modelled parts of `step_seconds` (draft forwards, target pass, the whole
+        step with the selector's inference) at each of ``lengths``, for the calibration."""
+        draft, target, _ = self.latency.step_parts_at(lengths, self.actions, self.schema.feature_set)
+        total = self.latency.output_seconds_at(lengths, self.actions, self.methods, self.schema.feature_set)
+        total = total + float(self.sidecar.get("inference_seconds") or 0.0)
+        m = len(self.methods)
+        return np.stack([np.tile(draft, (1, m)), np.tile(target, (1, m)), total], axis=1)
 
     def _price_block(self, lengths: np.ndarray) -> np.ndarray:
         """``[block, outputs]`` float32 `step_seconds` of each of the context lengths ``lengths`` ``[block]``."""

@@ -9,43 +9,54 @@ from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
 
 from decoding.actions import Action
 from decoding.calibration import OnlineCalibration
-from decoding.policy import Cascade, RootFeatures
+from decoding.policy import Cascade, RootFeatures, StepTiming
 from decoding.sampling import Sampling
 from export.onnx_export import export_selector
 from export.runtime import SelectorRuntime
 
 
-def test_factors_are_ratios_of_decayed_means():
+def _t(seconds, draft, target, catch_up=1):
+    return StepTiming(seconds, draft, target, catch_up)
+
+
+def test_forward_factors_and_rest_shifts_are_decayed_means():
     cal = OnlineCalibration(half_life=2.0)
-    assert cal.factor(False) == cal.factor(True) == 1.0  # no observation: the profile as it is
-    cal.observe(False, 0.030, 0.020)
-    assert cal.factor(False) == pytest.approx(1.5) and cal.factor(True) == pytest.approx(1.5)  # borrowed
+    parts = np.array([0.010, 0.0]), np.array([0.020, 0.025]), np.array([0.028, 0.024])  # 2,0,1-like, plain
+    spec = np.array([True, False])
+    np.testing.assert_array_equal(cal.price(*parts, spec), parts[2])  # no observation: the profile as it is
+    # a speculative step: draft as modelled, target pass 1.5x, rest 3 ms where the model says -2 ms
+    cal.observe(True, _t(0.010 + 0.030 + 0.003, 0.010, 0.030), 0.010, 0.020, 0.028)
+    assert cal.factor("draft") == pytest.approx(1.0) and cal.factor("target") == pytest.approx(1.5)
+    assert cal.shift(True) == pytest.approx(0.005) and cal.shift(False) == pytest.approx(0.005)  # borrowed
+    # the plain step, never observed, is priced by the target factor learned from speculative steps
+    np.testing.assert_allclose(cal.price(*parts, spec), [0.010 + 0.030 + (-0.002) + 0.005,
+                                                         1.5 * 0.025 + (-0.001) + 0.005])
     w = 0.5 ** (1 / 2)  # the weight of a step one step older, at a half-life of 2 steps
-    cal.observe(True, 0.080, 0.040)
-    cal.observe(True, 0.030, 0.030)
-    assert cal.factor(True) == pytest.approx((w * 0.080 + 0.030) / (w * 0.040 + 0.030))  # means, not mean ratios
-    assert cal.factor(False) == pytest.approx(1.5)  # the plain class keeps its own once it has one
-    np.testing.assert_allclose(cal.factors(np.array([True, False, True])),
-                               [cal.factor(True), 1.5, cal.factor(True)])
-    assert cal.to_dict()["steps"] == {"plain": 1, "speculative": 2}
+    cal.observe(False, _t(0.050, 0.0, 0.048), 0.0, 0.025, 0.024)  # a plain step: target 48 ms for 25 modelled
+    assert cal.factor("target") == pytest.approx((w * 0.030 + 0.048) / (w * 0.020 + 0.025))
+    assert cal.factor("draft") == pytest.approx(1.0)  # no draft forward in a plain step: only decayed
+    assert cal.shift(False) == pytest.approx(0.002 - (-0.001)) and cal.shift(True) == pytest.approx(0.005)
+    assert cal.to_dict()["steps"] == {"plain": 1, "speculative": 1}
+    assert set(cal.to_dict()["factors"]) == {"draft", "target"}
 
 
 def test_it_follows_a_drift_and_ignores_junk():
     cal = OnlineCalibration(half_life=8.0, max_factor=3.0)
     for _ in range(200):
-        cal.observe(True, 0.020, 0.020)
-    for _ in range(64):  # eight half-lives at 1.6x: the old phase weighs 2^-8
-        cal.observe(True, 0.032, 0.020)
-    assert cal.factor(True) == pytest.approx(1.6, rel=0.01)
-    before = cal.factor(True)
-    for bad in ((float("nan"), 0.02), (0.02, 0.0), (-1.0, 0.02), (float("inf"), 0.02)):
-        cal.observe(True, *bad)
-    assert cal.factor(True) == before and cal.steps["speculative"] == 264
+        cal.observe(True, _t(0.030, 0.010, 0.020), 0.010, 0.020, 0.030)
+    for _ in range(64):  # eight half-lives with the target pass at 1.6x: the old phase weighs 2^-8
+        cal.observe(True, _t(0.042, 0.010, 0.032), 0.010, 0.020, 0.030)
+    assert cal.factor("target") == pytest.approx(1.6, rel=0.01) and cal.shift(True) == pytest.approx(0.0, abs=1e-12)
+    before = (cal.factor("target"), dict(cal.steps))
+    for bad in (_t(float("nan"), 0.01, 0.02), _t(0.03, 0.01, float("inf")), _t(-1.0, 0.01, 0.02),
+                _t(0.5, 0.4, 0.05, catch_up=300)):  # the last: a draft prefilled with the prompt
+        cal.observe(True, bad, 0.010, 0.020, 0.030)
+    assert (cal.factor("target"), cal.steps) == before
     one = OnlineCalibration(max_factor=3.0)
-    one.observe(False, 10.0, 0.02)  # a step stalled by the OS: clipped to 3x
-    assert one.factor(False) == pytest.approx(3.0)
+    one.observe(False, _t(10.0, 0.0, 9.9), 0.0, 0.02, 0.021)  # a step stalled by the OS: clipped to 3x
+    assert one.factor("target") == pytest.approx(3.0)
     one.reset()
-    assert one.factor(False) == 1.0 and one.steps == {"plain": 0, "speculative": 0}
+    assert one.factor("target") == 1.0 and one.shift(False) == 0.0 and one.steps == {"plain": 0, "speculative": 0}
     with pytest.raises(ValueError, match="half_life"):
         OnlineCalibration(half_life=0)
 
@@ -90,20 +101,27 @@ def test_runtime_prices_with_the_factors_and_declines_when_speculation_runs_slow
     assert best.tree_size, "the constant selector must speculate on the profile's prices"
     o = next(i for i, (_, a) in enumerate(cal.table) if a == best)
     ar = next(i for i, (_, a) in enumerate(cal.table) if a.tree_size == 0)
-    cal.observe_step(Action(1, 0, 0), c, float(base[ar]))  # plain steps run as profiled
-    for _ in range(50):  # the chosen tree runs `slowdown` x slower than profiled
-        cal.observe_step(best, c, slowdown * float(base[o]))
+    lat = toy_latency()
+    draft, target, _ = (float(x[0, 0]) for x in lat.step_parts_at([c], [best], "target_only"))
+    plain_target = float(lat.step_parts_at([c], [Action(1, 0, 0)], "target_only")[1][0, 0])
+    cal.observe_step(Action(1, 0, 0), c, StepTiming(float(base[ar]), 0.0, plain_target))  # plain: as profiled
+    extra = (slowdown - 1) * float(base[o])
+    for _ in range(50):  # the chosen tree's steps run `slowdown` x slower than profiled, beyond their forwards
+        cal.observe_step(best, c, StepTiming(float(base[o]) + extra, draft, target))
+    assert cal.calibration.factor("draft") == pytest.approx(1.0) and cal.calibration.factor("target") == 1.0
+    assert cal.calibration.shift(True) == pytest.approx(extra, rel=1e-4) and abs(cal.calibration.shift(False)) < 1e-8
     got = cal.step_seconds(c)
-    np.testing.assert_allclose(got[spec], slowdown * base[spec], rtol=1e-5)
-    np.testing.assert_allclose(got[~spec], base[~spec], rtol=1e-6)
+    assert got[o] == pytest.approx(slowdown * base[o], rel=1e-4)
+    np.testing.assert_allclose(got[spec], base[spec] + extra, rtol=1e-4)
+    np.testing.assert_allclose(got[~spec], base[~spec], rtol=1e-5)
     # the tree pays while 1.5 / (slowdown * T_tree) > 1 / T_plain
     pays = SPECULATIVE_E / (slowdown * float(base[o])) > 1 / float(base[ar])
     assert cal.select(_root(c)).action.tree_size > 0 if pays else cal.select(_root(c)).action.tree_size == 0
     assert pays == (slowdown == 1.1)  # the two cases are on either side of the break-even
     before = cal.calibration.steps["speculative"]
-    cal.observe_step(Action(3, 3, 3), c, 1.0)  # not an output of this selector: ignored
+    cal.observe_step(Action(3, 3, 3), c, StepTiming(1.0, 0.5, 0.4))  # not an output of this selector: ignored
     assert cal.calibration.steps["speculative"] == before
-    plain.observe_step(best, c, 9.0)  # without calibrate the hook does nothing
+    plain.observe_step(best, c, StepTiming(9.0, 1.0, 1.0))  # without calibrate the hook does nothing
     np.testing.assert_array_equal(plain.step_seconds(c), base)
 
 
@@ -122,8 +140,9 @@ def test_cascade_passes_the_step_times_on():
         def observe_step(self, action, context_length, seconds):
             seen.append((self.tag, action, context_length, seconds))
 
-    Cascade(Stage(1), Stage(2)).observe_step(Action(2, 0, 1), 7, 0.5)
-    assert seen == [(1, Action(2, 0, 1), 7, 0.5), (2, Action(2, 0, 1), 7, 0.5)]
+    timing = StepTiming(0.5, 0.1, 0.3)
+    Cascade(Stage(1), Stage(2)).observe_step(Action(2, 0, 1), 7, timing)
+    assert seen == [(1, Action(2, 0, 1), 7, timing), (2, Action(2, 0, 1), 7, timing)]
 
 
 def test_the_decoder_reports_every_step(one_thread):
@@ -141,8 +160,8 @@ def test_the_decoder_reports_every_step(one_thread):
         def select(self, features):
             return Action(2, 1, 1) if features.context_length % 2 else Action(1, 0, 0)
 
-        def observe_step(self, action, context_length, seconds):
-            observed.append((action, context_length, seconds))
+        def observe_step(self, action, context_length, timing):
+            observed.append((action, context_length, timing))
 
     steps = []
     prompt = [5, 9, 33, 12]
@@ -153,4 +172,12 @@ def test_the_decoder_reports_every_step(one_thread):
     contexts = [c for _, c, _ in observed]
     assert contexts[0] == len(prompt) - 1
     assert contexts[1:] == [c + len(s.tokens) for c, s in zip(contexts, steps[:-1], strict=False)]
-    assert all(s > 0 for _, _, s in observed) and sum(s for _, _, s in observed) <= res.stats.time_total
+    timings = [t for _, _, t in observed]
+    assert all(t.seconds > 0 and t.target_seconds > 0 and t.rest_seconds >= 0 for t in timings)
+    assert sum(t.seconds for t in timings) <= res.stats.time_total
+    assert sum(t.target_seconds for t in timings) <= res.stats.time_target  # the prefill is no step's
+    assert sum(t.draft_seconds for t in timings) == pytest.approx(res.stats.time_draft)
+    for action, _, t in observed:
+        assert (t.draft_seconds > 0) == (action.tree_size > 0)  # a plain step drafts nothing
+    spec = [t for a, _, t in observed if a.tree_size]
+    assert spec[0].draft_catch_up >= len(prompt) and all(t.draft_catch_up <= 3 for t in spec[1:])

@@ -51,7 +51,7 @@ def test_decode_reports_the_methods_and_actions_its_steps_used(project, tmp_path
     assert main(["decode", "--params", params, "--selector", str(root / "selector"), "--prompt", "w5 w9",
                  "--max-new-tokens", "16", "--temperature", "1.0", "--calibrate"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "online calibration" in x)
-    assert "OnlineCalibration(plain x" in line and "steps {" in line
+    assert "OnlineCalibration(draft x" in line and "target x" in line and "steps {" in line
     assert main(["decode", "--params", params, "--calibrate"]) == 2
     assert "--calibrate corrects a selector's step times: it needs --selector" in _error(capsys)
 

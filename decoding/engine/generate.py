@@ -12,8 +12,9 @@ the same step. One *step* starts at a *root* (the last emitted token, not yet pr
 5. prune: both caches keep only the accepted path (`cache.KVState.keep`); the context is never
    re-encoded. The draft's rows and hidden states at the new root's predecessor are kept for the
    next step's features.
-6. observe: a policy with an ``observe_step`` hook is told the action and the step's wall time (what
-   `decoding.calibration` corrects the latency model with).
+6. observe: a policy with an ``observe_step`` hook is told the action and what the step cost (`StepTiming`:
+   the whole step, the draft's and the target's forwards; what `decoding.calibration` corrects the latency
+   model with).
 Autoregressive sampling is the same loop with the empty tree (action ``1,0,0``): no draft, one target
 pass on the root, one token drawn from p.
 
@@ -34,6 +35,7 @@ from ..policy import (
     Choice,
     RootFeatures,
     Selector,
+    StepTiming,
     as_policy,
     needs_draft,
     needs_hidden_states,
@@ -154,8 +156,10 @@ class SpeculativeDecoder:
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
              rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
         """One speculation step from ``state``'s root (module docstring); appends to ``state.out``. A policy with an
-        ``observe_step(action, context_length, seconds)`` hook is told the step's wall time at its end."""
+        ``observe_step(action, context_length, timing)`` hook is told what the step cost (`StepTiming`) at its end."""
         start, context_length = clock.t, state.context_length
+        parts_before = (stats.time_draft, stats.time_target)
+        catch_up = len(state.pending) if state.kv_d is not None else 0
         hidden = static_action(policy) is None and needs_hidden_states(policy)
         # 1. choose (after the draft's root step when the selector's features need it)
         action, verifier, features, q_root, h_q_root = self._choose(state, policy, verifier, sampling, hidden,
@@ -195,7 +199,8 @@ class SpeculativeDecoder:
         state.out.extend(new)
         observe = getattr(policy, "observe_step", None)
         if callable(observe):  # e.g. the online calibration of the latency model (decoding.calibration)
-            observe(action, context_length, clock.now() - start)
+            observe(action, context_length, StepTiming(clock.now() - start, stats.time_draft - parts_before[0],
+                                                       stats.time_target - parts_before[1], catch_up))
         return StepResult(action, method, new, features)
 
     def _choose(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None,
