@@ -6,7 +6,8 @@
 - ``enumerate_trees``: every draft outcome of an action with its probability.
 - ``step_law``: exact law of one step's tokens (accepted + emitted), summing the method's exact
   ``outcome_distribution`` over all draft outcomes.
-- ``emitted_law``: exact law of the first n emitted tokens (a new step starts after each step);
+- ``chained_law``: exact law of the first n tokens from any per-context step law (a new step starts after each
+  step); ``emitted_law``: the same for one action and method at every step;
   lossless means it equals ``target_law`` (p(a) p(b|a) for n = 2).
 Works for every registry method, OT-based or not.
 """
@@ -14,7 +15,7 @@ Works for every registry method, OT-based or not.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -150,24 +151,30 @@ def step_law(action: Action, pair: TablePair, method: str | VerificationMethod,
     return law
 
 
-def emitted_law(action: Action, pair: TablePair, method: str | VerificationMethod, n_tokens: int = 2) -> Law:
-    """Exact law of the first ``n_tokens`` emitted tokens, starting new steps as needed."""
-    m = with_cache(get_method(method))
+def chained_law(step: Callable[[tuple[int, ...]], Law], n_tokens: int, context: tuple[int, ...] = ()) -> Law:
+    """Exact law of the first ``n_tokens`` tokens after ``context`` when each step's tokens (accepted + emitted) at a
+    context follow ``step(context)`` and a new step starts after each one (``step`` is called once per context)."""
     steps: dict[tuple[int, ...], Law] = {}
 
-    def rec(context: tuple[int, ...], need: int) -> Law:
-        if context not in steps:
-            steps[context] = step_law(action, pair, m, context)
+    def rec(ctx: tuple[int, ...], need: int) -> Law:
+        if ctx not in steps:
+            steps[ctx] = step(ctx)
         out: Law = {}
-        for toks, mass in steps[context].items():
+        for toks, mass in steps[ctx].items():
             if len(toks) >= need:
                 out[toks[:need]] = out.get(toks[:need], 0.0) + mass
             else:
-                for rest, m2 in rec(context + toks, need - len(toks)).items():
+                for rest, m2 in rec(ctx + toks, need - len(toks)).items():
                     out[toks + rest] = out.get(toks + rest, 0.0) + mass * m2
         return out
 
-    return rec((), n_tokens)
+    return rec(tuple(context), n_tokens)
+
+
+def emitted_law(action: Action, pair: TablePair, method: str | VerificationMethod, n_tokens: int = 2) -> Law:
+    """Exact law of the first ``n_tokens`` emitted tokens, starting new steps as needed."""
+    m = with_cache(get_method(method))
+    return chained_law(lambda ctx: step_law(action, pair, m, ctx), n_tokens)
 
 
 def target_law(pair: TablePair, n_tokens: int = 2, context: tuple[int, ...] = ()) -> Law:

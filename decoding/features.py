@@ -61,6 +61,8 @@ class RootFeatures:
     # values computed from these fields, shared by every selector asked at this root (a cascade's two stages
     # see the same p_prev: `vectorize` computes its entropy once); hand it on with the same rows only
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    # token ids up to and including the root (the decoder fills it; `decoding.lookup` reads it)
+    context: Sequence[int] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ picks both; every method is lossless and the choice is made before drafting) and
   drafts a tree, the decoder runs the draft's root step and takes ``refine``'s answer instead.
 - ``draft_tree(...)`` (optional, `decoding.threshold_chain.ThresholdChain`): drafts the step's tree itself (a
   tree whose shape follows the draft's own rows); the step records the drafted tree's action.
+- ``uses_draft_model`` (default True): False lets a decoder without a draft model run the policy (it only takes plain
+  steps and proposed chains).
+- a `Choice` with a ``proposal`` (`decoding.lookup.LookupFirst`): the step verifies that chain of context tokens
+  (one-hot q rows, no draft forward); the selector reads the context from ``RootFeatures.context``.
 - ``observe_step(action, context_length, timing: StepTiming)`` (optional, `export.runtime.SelectorRuntime` with
   ``calibrate``): told after every step what it cost (`decoding.calibration` corrects the latency model with it).
 
@@ -38,10 +42,13 @@ from .features import RootFeatures  # re-exported: the raw features live with th
 
 @dataclass(frozen=True)
 class Choice:
-    """An action and, optionally, the verification method of this step (None: the decoder's method)."""
+    """An action and, optionally, the verification method of this step (None: the decoder's method) and a
+    ``proposal``: the tokens of a chain ``(1, n, 0)`` proposed without the draft (`decoding.lookup`), which the
+    decoder verifies with one-hot q rows instead of drafting."""
 
     action: Action
     method: str | None = None
+    proposal: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ Terms:
 - *threshold chain* (`THRESHOLD_CHAIN`): the confidence-threshold dynamic chain of HF assisted generation
   (`decoding.threshold_chain.ThresholdChain`: draft up to N tokens, stop below a top-1 probability), ``naive``,
   with N and the threshold tuned on TRAIN prompts (`tune_threshold_chain`: highest tokens/s of a small grid).
+- *prompt lookup* (`PROMPT_LOOKUP`): prompt lookup decoding (HF transformers' ``prompt_lookup_num_tokens``;
+  `decoding.lookup`): a chain copied from the context after the longest matching suffix, no draft model, a plain
+  step where nothing matched; ``naive``; the chain's length and the shortest suffix tuned on TRAIN prompts
+  (`tune_prompt_lookup`). The selector is also decoded with the same lookup first (``<selector>:lookup``): where a
+  lookup matched it verifies that chain, elsewhere the selector decides.
 - the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
   latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
 - a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
@@ -34,6 +39,8 @@ import numpy as np
 from decoding import throughput
 from decoding.actions import AR_ACTION, AUTOREGRESSIVE, ActionSpace
 from decoding.latency import LatencyModel
+from decoding.lookup import LOOKUP_TAG
+from decoding.lookup import MAX_NGRAM as LOOKUP_MAX_NGRAM
 from decoding.sampling import Sampling
 
 from .claims import chain_source
@@ -41,6 +48,8 @@ from .claims import chain_source
 CHAIN = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
 THRESHOLD_CHAIN = "threshold_chain"
+PROMPT_LOOKUP = "prompt_lookup"
+LOOKUP = LOOKUP_TAG  # the suffix of a selector decoded with lookup chains first ("selector:specinfer:lookup")
 BEST_STATIC = "best_static"
 CHAIN_METHOD = "naive"
 
@@ -103,27 +112,55 @@ def threshold_chain_policy(max_length: int, threshold: float, name: str = THRESH
     return EvalPolicy(name, THRESHOLD_CHAIN, CHAIN_METHOD, ThresholdChain(max_length, threshold))
 
 
-def tune_threshold_chain(decoder, units: Sequence, lengths: Sequence[int], thresholds: Sequence[float],
-                         max_new_tokens: int, warmup: bool = True) -> dict:
-    """Decode ``units`` (TRAIN prompts, seed 0) with every (N, threshold) of the grid, each unit by all grid points
-    in a rotated order (`decode_units`); returns the grid (tokens, seconds, tokens/s per point) and the point
-    of the highest tokens/s (sum tokens / sum seconds) as ``max_length`` / ``threshold``."""
-    if not units or not lengths or not thresholds:
-        raise ValueError("tune_threshold_chain needs at least one prompt, one length and one threshold")
-    grid = [(int(n), float(t)) for n in lengths for t in thresholds]
-    policies = [threshold_chain_policy(n, t, f"N={n},threshold={t}") for n, t in grid]
+def prompt_lookup_policy(length: int, min_ngram: int, fallback=None, name: str = PROMPT_LOOKUP,
+                         kind: str = PROMPT_LOOKUP, method: str = CHAIN_METHOD) -> EvalPolicy:
+    """Prompt lookup decoding (`decoding.lookup.LookupFirst`: a context lookup chain of at most ``length`` tokens where
+    a suffix of ``min_ngram`` to `LOOKUP_MAX_NGRAM` tokens matched, verified by ``naive``), a plain step elsewhere;
+    with a ``fallback`` selector, that selector decides where no lookup matched."""
+    from decoding.lookup import LookupFirst
+
+    ngram = max(LOOKUP_MAX_NGRAM, min_ngram)
+    return EvalPolicy(name, kind, method, LookupFirst(fallback, length, ngram, min_ngram, CHAIN_METHOD))
+
+
+def _tune(decoder, units: Sequence, grid: Sequence[tuple[dict, EvalPolicy]], max_new_tokens: int,
+          warmup: bool) -> dict:
+    """Decode ``units`` (TRAIN prompts, seed 0) with every grid point's policy, each unit by all points in a rotated
+    order (`decode_units`); returns the grid (its parameters, tokens, seconds, tokens/s) and the parameters of the
+    point of the highest tokens/s (sum tokens / sum seconds) at the top level."""
+    if not units or not grid:
+        raise ValueError("tuning needs at least one prompt and one grid point")
     start = time.perf_counter()
-    runs = decode_units(decoder, units, policies, max_new_tokens, [0], warmup)
+    runs = decode_units(decoder, units, [p for _, p in grid], max_new_tokens, [0], warmup)
     rows = []
-    for (n, t), p in zip(grid, policies, strict=True):
-        tokens = sum(r["tokens"] for r in runs if r["policy"] == p.name)
-        seconds = sum(r["seconds"] for r in runs if r["policy"] == p.name)
-        steps = sum(r["steps"] for r in runs if r["policy"] == p.name)
-        rows.append({"max_length": n, "threshold": t, "tokens": tokens, "seconds": seconds, "steps": steps,
+    for params, p in grid:
+        mine = [r for r in runs if r["policy"] == p.name]
+        tokens, seconds = sum(r["tokens"] for r in mine), sum(r["seconds"] for r in mine)
+        rows.append({**params, "tokens": tokens, "seconds": seconds, "steps": sum(r["steps"] for r in mine),
                      "tokens_per_second": tokens / seconds if seconds > 0 else 0.0})
     best = max(rows, key=lambda r: r["tokens_per_second"])
-    return {"max_length": best["max_length"], "threshold": best["threshold"], "grid": rows, "prompts": len(units),
+    return {**{k: best[k] for k in grid[0][0]}, "grid": rows, "prompts": len(units),
             "max_new_tokens": int(max_new_tokens), "seconds": time.perf_counter() - start}
+
+
+def tune_threshold_chain(decoder, units: Sequence, lengths: Sequence[int], thresholds: Sequence[float],
+                         max_new_tokens: int, warmup: bool = True) -> dict:
+    """N (``max_length``) and ``threshold`` of the threshold chain of the highest tokens/s on ``units`` (`_tune`)."""
+    if not lengths or not thresholds:
+        raise ValueError("tune_threshold_chain needs at least one prompt, one length and one threshold")
+    grid = [({"max_length": int(n), "threshold": float(t)}, threshold_chain_policy(n, t, f"N={n},threshold={t}"))
+            for n in lengths for t in thresholds]
+    return _tune(decoder, units, grid, max_new_tokens, warmup)
+
+
+def tune_prompt_lookup(decoder, units: Sequence, lengths: Sequence[int], min_ngrams: Sequence[int],
+                       max_new_tokens: int, warmup: bool = True) -> dict:
+    """``length`` and ``min_ngram`` of prompt lookup decoding of the highest tokens/s on ``units`` (`_tune`)."""
+    if not lengths or not min_ngrams:
+        raise ValueError("tune_prompt_lookup needs at least one prompt, one length and one n-gram size")
+    grid = [({"length": int(n), "min_ngram": int(g)}, prompt_lookup_policy(n, g, name=f"N={n},ngram={g}"))
+            for n in lengths for g in min_ngrams]
+    return _tune(decoder, units, grid, max_new_tokens, warmup)
 
 
 def best_static_name(offline_fit: dict[str, dict]) -> str | None:
@@ -177,7 +214,8 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_n
 
             def record(state, step, choices=choices) -> None:  # the (method, action) of every step
                 empty = step.action.tree_size == 0
-                choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}"] += 1
+                tag = f"+{LOOKUP}" if step.lookup else ""
+                choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
 
             if callable(getattr(p.policy, "reset", None)):  # a stateful policy starts every run fresh
                 p.policy.reset()

@@ -245,6 +245,11 @@ def headline(metrics: dict) -> str:
                      f"{_ci(sel.get('tps_vs_autoregressive'))}x autoregressive and "
                      f"{_ci(sel.get('tps_vs_traversal_best_static'))}x Traversal's best static action "
                      "(the paper reports 1.05x over Traversal on its GPU pairs).")
+    alone = pol.get((metrics.get("selector") or {}).get("policy_alone") or "")
+    if sel and alone:
+        parts.append(f"It verifies a context lookup chain where the text repeats itself and asks the trained selector "
+                     f"elsewhere: {_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup decoding alone; the trained "
+                     f"selector alone runs at {_ci(alone.get('tps_vs_autoregressive'))}x autoregressive.")
     if trav:
         parts.append(f"Traversal's best static ({trav.get('action')}) runs at {_ci(trav.get('tps_vs_autoregressive'))}x "
                      f"autoregressive with block efficiency {_ci(trav['block_efficiency'])}.")
@@ -287,13 +292,13 @@ def report_markdown(metrics: dict, figure_names: list[str]) -> str:
 
 
 def summary_text(metrics: dict) -> str:
-    lines = [f"{'policy':22s} {'action':8s} {'BE':>6s} {'tok/s':>7s} {'xAR':>6s} {'xTrav':>6s} {'offline xAR':>11s}"]
+    lines = [f"{'policy':28s} {'action':8s} {'BE':>6s} {'tok/s':>7s} {'xAR':>6s} {'xTrav':>6s} {'offline xAR':>11s}"]
     for name, e in metrics["policies"].items():
         def v(key, e=e):
             x = (e.get(key) or {}).get("value")
             return math.nan if x is None else x
         off = (e.get("offline") or {}).get("vs_autoregressive", math.nan)
-        lines.append(f"{name:22s} {e.get('action') or '-':8s} {e['block_efficiency']['value']:6.2f} "
+        lines.append(f"{name:28s} {e.get('action') or '-':8s} {e['block_efficiency']['value']:6.2f} "
                      f"{e['tokens_per_second']['value']:7.1f} {v('tps_vs_autoregressive'):6.2f} "
                      f"{v('tps_vs_traversal_best_static'):6.2f} {off:11.2f}")
     return "\n".join(lines)

@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate", action="store_true",
                         help="with --selector: correct the profile's step times online with this decode's measured "
                              "ones (decoding/calibration.py; the choices then depend on the machine's speed)")
+    parser.add_argument("--lookup", type=int, default=0, metavar="N",
+                        help="prompt lookup first: where the context's last tokens occurred earlier, verify the (up to N) "
+                             "tokens that followed them, with no draft work (decoding/lookup.py); elsewhere the "
+                             "selector, the static action or (with --method autoregressive) a plain step decides")
+    parser.add_argument("--lookup-ngram", type=int, default=1, metavar="G",
+                        help="with --lookup: the shortest suffix of the context that must have occurred before "
+                             "(1-4, default %(default)s; longer suffixes are tried first)")
     parser.add_argument("--json", metavar="FILE", help="also write the tokens, text and statistics to FILE")
 
 
@@ -56,6 +63,16 @@ def used_label(used: dict) -> str:
     """One line: ``methods specinfer 12, none 30; actions 1,0,0 30, 2,1,2 12`` (steps per method and action)."""
     fmt = lambda d: ", ".join(f"{k} {v}" for k, v in d.items()) or "-"  # noqa: E731
     return f"methods {fmt(used['methods'])}; actions {fmt(used['actions'])}"
+
+
+def check_lookup(args) -> None:
+    """``--lookup`` / ``--lookup-ngram`` in range, before anything is loaded."""
+    from decoding.errors import UserInputError
+    from decoding.lookup import MAX_NGRAM
+
+    if args.lookup < 0 or not 1 <= args.lookup_ngram <= MAX_NGRAM:
+        raise UserInputError(f"--lookup must be >= 0 (0 = off) and --lookup-ngram in [1, {MAX_NGRAM}], not "
+                             f"{args.lookup} and {args.lookup_ngram}")
 
 
 def check_inputs(cfg, args, draft_spec: str) -> None:
@@ -94,6 +111,7 @@ def run(cfg, args) -> int:
     from decoding.verifiers import get_method
     from models.loading import eos_ids, load_pair
 
+    check_lookup(args)
     method = _pick(args.method, cfg.decode.method)
     if method != AUTOREGRESSIVE:
         get_method(method)  # unknown names fail before any model is loaded
@@ -106,12 +124,19 @@ def run(cfg, args) -> int:
         policy = load_selector(args.selector, latency=args.latency, calibrate=args.calibrate)  # or a cascade
         if method == AUTOREGRESSIVE:
             method = policy.methods[0]
+    if args.lookup:
+        from decoding.lookup import MAX_NGRAM, LookupFirst
+
+        fallback = None if method == AUTOREGRESSIVE else policy  # a plain step where nothing matched
+        policy = LookupFirst(fallback, args.lookup, MAX_NGRAM, args.lookup_ngram, "naive")
+        method = "naive" if method == AUTOREGRESSIVE else method
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))
     max_new = _pick(args.max_new_tokens, cfg.decode.max_new_tokens)
     seed = _pick(args.seed, cfg.decode.seed)
     prompt = _pick(args.prompt, cfg.decode.prompt)
 
-    draft_spec = cfg.model.target if method == AUTOREGRESSIVE else cfg.model.draft
+    no_draft = method == AUTOREGRESSIVE or not getattr(policy, "uses_draft_model", True)
+    draft_spec = cfg.model.target if no_draft else cfg.model.draft
     check_inputs(cfg, args, draft_spec)
     torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
@@ -119,14 +144,14 @@ def run(cfg, args) -> int:
                      cfg.model.device_map)
     load_s = time.perf_counter() - start
     ids = encode_prompt(prompt, pair.tokenizer, cfg.decode.chat_template and not args.no_chat_template)
-    decoder = SpeculativeDecoder(pair.target, None if method == AUTOREGRESSIVE else pair.draft, pair.vocab_size,
+    decoder = SpeculativeDecoder(pair.target, None if no_draft else pair.draft, pair.vocab_size,
                                  eos_ids(pair.tokenizer, pair.target))
     result = decoder.generate(ids, max_new, method, policy, sampling, seed)
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
     used = steps_used(result.stats)
     if policy is not action:  # the selector chose each step's method: name what ran, not the default
         result.stats.method = "selector (" + ", ".join(m for m in used["methods"]) + ")"
-    print(f"pair: target {pair.target_spec}, draft {draft_spec if method != AUTOREGRESSIVE else '-'}, "
+    print(f"pair: target {pair.target_spec}, draft {'-' if no_draft else draft_spec}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
           f"(loaded in {load_s:.1f} s)")
     shape = "" if method == AUTOREGRESSIVE else f", action {action}" if policy is action else f", {policy}"

@@ -102,6 +102,43 @@ def tuned_threshold_chain(cfg, decoder):
     return oe.threshold_chain_policy(tuning["max_length"], tuning["threshold"]), tuning
 
 
+def tuned_prompt_lookup(cfg, decoder):
+    """``(length, min_ngram, tuning)`` of prompt lookup decoding tuned on ``evaluate.tune_prompts`` TRAIN prompts
+    (`evaluation.online.tune_prompt_lookup`), or None when ``evaluate.lookup`` is off."""
+    from evaluation import online as oe
+
+    ec = cfg.evaluate
+    if not ec.lookup:
+        return None
+    units, _ = pick_units(cfg, "train", ec.tune_prompts)
+    tuning = oe.tune_prompt_lookup(decoder, units, ec.lookup_lengths, ec.lookup_min_ngrams,
+                                   ec.lookup_tune_max_new_tokens, ec.warmup)
+    print(f"evaluate: prompt lookup tuned on {len(units)} TRAIN prompts in {tuning['seconds']:.0f} s: "
+          f"N = {tuning['length']}, shortest suffix = {tuning['min_ngram']}", flush=True)
+    return tuning
+
+
+def with_lookup(cfg, policies: list, tuning: dict | None) -> list:
+    """``policies`` with prompt lookup (before the selectors) and the first selector decoded with the same lookup
+    first (``<selector>:lookup``, on its own runtime: a runtime's calibration state is per policy)."""
+    from evaluation import online as oe
+
+    if tuning is None:
+        return policies
+    n, g = tuning["length"], tuning["min_ngram"]
+    at = next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies))
+    out = [*policies[:at], oe.prompt_lookup_policy(n, g), *policies[at:]]
+    selector = next((p for p in policies if p.kind == "selector"), None)
+    if selector is not None:
+        from export.cascade import load_selector
+
+        latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
+        runtime = load_selector(cfg.export.out, latency=latency, calibrate=cfg.evaluate.calibrate)
+        out.append(oe.prompt_lookup_policy(n, g, runtime, f"{selector.name}:{oe.LOOKUP}", "selector",
+                                           selector.method))
+    return out
+
+
 UNCALIBRATED = "uncalibrated"  # the suffix of the selector policy decoded without the online calibration
 
 
@@ -184,6 +221,8 @@ def decode_all(cfg, args, off):
     if threshold_chain is not None:
         policies.insert(next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies)),
                         threshold_chain)
+    off["prompt_lookup_tuning"] = tuned_prompt_lookup(cfg, decoder)
+    policies = with_lookup(cfg, policies, off["prompt_lookup_tuning"])
     print(f"evaluate: {len(units)} of {available} TEST prompts x {len(ec.seeds)} seeds x {len(policies)} policies "
           f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
           f"{ec.max_new_tokens} new tokens each", flush=True)
@@ -197,7 +236,8 @@ def references(off) -> dict[str, str]:
     from evaluation import online as oe
 
     refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
-            "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain"}
+            "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain",
+            "prompt_lookup": oe.PROMPT_LOOKUP}
     if off["best_static"]:
         refs["best_static"] = off["best_static"]
     return refs
@@ -227,19 +267,23 @@ def tables(cfg, off, policies, runs):
 
 
 HEADLINE = {"ar": "autoregressive", "best_static": "best_static", "adaptive_chain": "adaptive_chain",
-            "threshold_chain": "threshold_chain"}
+            "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup"}
 
 
-def headline(table: dict, primary: str | None) -> dict:
-    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios (None where a peer did not run),
-    and the older ``<key>_tps_vs_*`` names."""
+def headline(table: dict, primary: str | None, alone: str | None = None) -> dict:
+    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios of the ``primary`` selector policy
+    (None where a peer did not run), the same ``selector_alone_vs_<peer>`` of the selector without lookup
+    (``alone``, when the primary is the selector with lookup first), and the older ``<key>_tps_vs_*`` names."""
     out: dict = {}
-    entry = table.get(primary, {}) if primary else {}
-    for key, ref in HEADLINE.items():
-        r = entry.get(f"tps_vs_{ref}")
-        out[f"selector_vs_{key}"] = r["value"] if r else None
-        out[f"selector_vs_{key}_lo"] = r["low"] if r else None
-        out[f"selector_vs_{key}_hi"] = r["high"] if r else None
+    for prefix, name in (("selector", primary), ("selector_alone", alone)):
+        if prefix == "selector_alone" and name is None:
+            continue
+        entry = table.get(name, {}) if name else {}
+        for key, ref in HEADLINE.items():
+            r = entry.get(f"tps_vs_{ref}")
+            out[f"{prefix}_vs_{key}"] = r["value"] if r else None
+            out[f"{prefix}_vs_{key}_lo"] = r["low"] if r else None
+            out[f"{prefix}_vs_{key}_hi"] = r["high"] if r else None
     for key, name in (("selector", primary), ("static_traversal", "static:traversal")):
         if name in table:
             out[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
@@ -265,12 +309,14 @@ def run(cfg, args) -> int:
         "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
                   "max_new_tokens": ec.max_new_tokens, "runs": len(runs)},
         "seconds": {"load": load_seconds, "decode": decode_seconds, "total": time.perf_counter() - start,
-                    "tune_threshold_chain": (off["threshold_chain_tuning"] or {}).get("seconds")},
+                    "tune_threshold_chain": (off["threshold_chain_tuning"] or {}).get("seconds"),
+                    "tune_prompt_lookup": (off.get("prompt_lookup_tuning") or {}).get("seconds")},
         "policies": table, "gain_by_temperature": gains["temperature"], "gain_by_source": gains["source"],
         "acceptance_by_depth": oe.depth_acceptance(runs), "best_static": off["best_static"],
         "chosen": {p.name: oe.chosen(runs, p.name) for p in policies
-                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN)},
+                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN, oe.PROMPT_LOOKUP)},
         "threshold_chain_tuning": off["threshold_chain_tuning"],
+        "prompt_lookup_tuning": off.get("prompt_lookup_tuning"),
         "offline": {"test_roots": off["test_roots"], "fit_roots": off["fit_roots"], "statics": off["offline"],
                     "selector": _train_summary(train_metrics)},
         "findings": off["findings"], "findings_summary": findings_headline(off["findings"]),
@@ -280,18 +326,22 @@ def run(cfg, args) -> int:
                  "on TRAIN labels; best_static = the hardware-aware best static tree (highest TRAIN TPS under the "
                  "latency model)"),
     }
-    primary = next((p.name for p in policies if p.kind == "selector"), None)  # auto, or its one method
+    # the headline: the selector with lookup first when it ran, else the selector (auto, or its one method)
+    alone = next((p.name for p in policies if p.kind == "selector"), None)
+    primary = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{oe.LOOKUP}")), alone)
+    alone = alone if primary != alone else None
     if runtime is not None:
         calibration = runtime.calibration  # None without evaluate.calibrate
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.feature_set, "policy": primary,
+                               "feature_set": runtime.feature_set, "policy": primary, "policy_alone": alone,
                                "calibration": calibration.to_dict() if calibration is not None else None}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
-    if primary in table and sel_offline is not None:  # the trained selector's offline ratio (TEST roots, stage train)
-        table[primary]["offline"] = {"vs_autoregressive": sel_offline}
+    trained = alone or primary  # the trained selector's own policy (lookup chains have no offline labels)
+    if trained in table and sel_offline is not None:  # its offline ratio (TEST roots, stage train)
+        table[trained]["offline"] = {"vs_autoregressive": sel_offline}
     if primary:  # where the selector speculates, what it chooses, what it gains: per sampling setting / source
         metrics["selector_by"] = {col: oe.choices_by(runs, primary, col) for col in ("temperature", "source")}
-    metrics.update(headline(table, primary))  # flat, for `dvc metrics diff` and the headline file
+    metrics.update(headline(table, primary, alone))  # flat, for `dvc metrics diff` and the headline file
     paths = write_outputs(cfg, metrics, runs)
     write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)
     print(paths["summary"])

@@ -47,7 +47,29 @@ def test_decode_greedy_speculative_equals_autoregressive(params, tmp_path):
     assert runs["autoregressive"] == runs["specinfer"]
 
 
+def test_decode_with_lookup_first_stays_greedy_and_reports_lookup_steps(params, tmp_path):
+    """``--lookup``: context lookup chains where the text repeats, the static action (or, with autoregressive, a plain
+    step) elsewhere; greedy decoding still gives the target's own tokens."""
+    from pipeline.cli import main
+
+    prompt = "w5 w9 w33 w2 w5 w9 w33 w2 w5 w9"
+    runs = {}
+    for name, extra in (("ar", ["--method", "autoregressive"]),
+                        ("lookup", ["--method", "autoregressive", "--lookup", "3", "--lookup-ngram", "1"]),
+                        ("lookup_static", ["--method", "traversal", "--action", "1,1,0", "--lookup", "3"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["decode", "--params", params, "--prompt", prompt, "--set", "sampling.temperature=0",
+                     "--max-new-tokens", "12", "--json", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    assert runs["lookup"]["tokens"] == runs["ar"]["tokens"] == runs["lookup_static"]["tokens"]
+    assert "LookupFirst" in runs["lookup"]["action"]
+    for name in ("lookup", "lookup_static"):
+        assert any(a.endswith("+lookup") for a in runs[name]["stats"]["actions"]), runs[name]["stats"]
+
+
 @pytest.mark.parametrize("args, fragment", [
+    (["--lookup", "-1"], "--lookup must be >= 0"),
+    (["--lookup", "3", "--lookup-ngram", "5"], "--lookup-ngram in [1, 4]"),
     (["--method", "nope"], "unknown verification method 'nope'"),
     (["--action", "4,2"], "expected 'K,L1,L2'"),
     (["--method", "bv", "--action", "2,1,1"], "chain-only"),

@@ -96,6 +96,7 @@ def params(tmp_path_factory):
         "evaluate:\n  prompts: 2\n  seeds: [0, 1]\n  max_new_tokens: 8\n  methods: [specinfer, gbv]\n"
         "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n"
         "  tune_prompts: 3\n  tune_max_new_tokens: 6\n  tune_lengths: [1, 3]\n  tune_thresholds: [0.0, 1.0]\n"
+        "  lookup_lengths: [1, 2]\n  lookup_min_ngrams: [1]\n  lookup_tune_max_new_tokens: 6\n  calibrate: true\n"
         f"  train_metrics: {root / 'train.json'}\n  metrics: {root / 'out/evaluate.json'}\n"
         f"  plots: {root / 'out/plots'}\n  report: {root / 'out/reports/report.md'}\n")
     return root, path
@@ -109,9 +110,10 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
     names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
-             "threshold_chain", "selector:auto", "selector:traversal", "selector:gbv", "selector:auto:uncalibrated"]
+             "threshold_chain", "prompt_lookup", "selector:auto", "selector:traversal", "selector:gbv",
+             "selector:auto:uncalibrated", "selector:auto:lookup"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 44}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 52}
     cal = m["selector"]["calibration"]  # the primary selector's online calibration, after every decode
     assert sum(cal["steps"].values()) >= m["policies"]["selector:auto"]["units"] and cal["half_life"] > 0
     assert all(0.25 <= f <= 4 for f in cal["factors"].values()), cal
@@ -133,14 +135,17 @@ def test_evaluate_stage_writes_every_output(params, capsys):
         used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
         assert used <= {method, "autoregressive"}, used
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
-    assert m["selector"]["policy"] == "selector:auto"
-    assert m["selector_tps_vs_autoregressive"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
+    # the headline policy is the selector with lookup first; the selector alone is reported beside it
+    assert m["selector"]["policy"] == "selector:auto:lookup" and m["selector"]["policy_alone"] == "selector:auto"
+    primary = m["policies"]["selector:auto:lookup"]
+    assert m["selector_tps_vs_autoregressive"] == primary["tps_vs_autoregressive"]["value"]
+    assert m["selector_alone_vs_ar"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
     # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
-    sel = m["policies"]["selector:auto"]
+    sel = primary
     assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
     for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain"),
-                     ("threshold_chain", "threshold_chain")):
+                     ("threshold_chain", "threshold_chain"), ("prompt_lookup", "prompt_lookup")):
         r = sel[f"tps_vs_{ref}"]
         assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
             r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
@@ -155,6 +160,16 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert by_point[(3, 1.0)]["steps"] == by_point[(1, 0.0)]["steps"] == by_point[(1, 1.0)]["steps"]
     used = {k.split(":")[1] for k in m["chosen"]["threshold_chain"]}
     assert all(parse_action(a).is_chain and parse_action(a).L1 <= tuning["max_length"] for a in used)
+    lookup = m["prompt_lookup_tuning"]  # length x shortest suffix, decoded on TRAIN prompts, and its fastest point
+    assert [(g["length"], g["min_ngram"]) for g in lookup["grid"]] == [(1, 1), (2, 1)] and lookup["prompts"] == 3
+    fastest = max(lookup["grid"], key=lambda g: g["tokens_per_second"])
+    assert (lookup["length"], lookup["min_ngram"]) == (fastest["length"], fastest["min_ngram"])
+    # prompt lookup takes plain steps and lookup chains (no draft model); the selector with lookup also drafts (a
+    # one-token suffix of these random tokens matches often, not always)
+    plain = m["chosen"]["prompt_lookup"]
+    assert set(plain) <= {"autoregressive"} | {f"naive:1,{n},0+lookup" for n in (1, 2)}, plain
+    with_lookup = m["chosen"]["selector:auto:lookup"]
+    assert any(k.endswith("+lookup") for k in with_lookup) and any(not k.endswith("+lookup") for k in with_lookup)
     adaptive = m["chosen"]["adaptive_chain"]  # naive chains only (the grid's K = 1, L2 = 0 actions)
     assert adaptive and all(k.split(":")[0] == "naive" and parse_action(k.split(":")[1]).is_chain for k in adaptive)
     depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()

