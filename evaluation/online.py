@@ -20,6 +20,9 @@ Terms:
   step where nothing matched; ``naive``; the chain's length and the shortest suffix tuned on TRAIN prompts
   (`tune_prompt_lookup`). The selector is also decoded with the same lookup first (``<selector>:lookup``): where a
   lookup matched it verifies that chain, elsewhere the selector decides.
+- *learned lookup* (`LEARNED_LOOKUP`): the lookup decided by the gate of stage lookup (`decoding.lookup_gate`): the
+  chain after the longest repeat, of the length of the best predicted Ê / T, where that beats a plain step; the
+  selector decoded with it (``<selector>:learned_lookup``) weighs the chain against its own best predicted Ê / T.
 - the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
   latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
 - a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
@@ -39,8 +42,7 @@ import numpy as np
 from decoding import throughput
 from decoding.actions import AR_ACTION, AUTOREGRESSIVE, ActionSpace
 from decoding.latency import LatencyModel
-from decoding.lookup import LOOKUP_TAG
-from decoding.lookup import MAX_NGRAM as LOOKUP_MAX_NGRAM
+from decoding.lookup import LOOKUP_TAG, MAX_NGRAM
 from decoding.sampling import Sampling
 
 from .claims import chain_source
@@ -49,7 +51,7 @@ CHAIN = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
 THRESHOLD_CHAIN = "threshold_chain"
 PROMPT_LOOKUP = "prompt_lookup"
-LOOKUP = LOOKUP_TAG  # the suffix of a selector decoded with lookup chains first ("selector:specinfer:lookup")
+LEARNED_LOOKUP = "learned_lookup"  # prompt lookup decided by the learned gate; also a selector policy's suffix
 BEST_STATIC = "best_static"
 CHAIN_METHOD = "naive"
 
@@ -115,12 +117,22 @@ def threshold_chain_policy(max_length: int, threshold: float, name: str = THRESH
 def prompt_lookup_policy(length: int, min_ngram: int, fallback=None, name: str = PROMPT_LOOKUP,
                          kind: str = PROMPT_LOOKUP, method: str = CHAIN_METHOD) -> EvalPolicy:
     """Prompt lookup decoding (`decoding.lookup.LookupFirst`: a context lookup chain of at most ``length`` tokens where
-    a suffix of ``min_ngram`` to `LOOKUP_MAX_NGRAM` tokens matched, verified by ``naive``), a plain step elsewhere;
+    a suffix of ``min_ngram`` to `decoding.lookup.MAX_NGRAM` tokens matched, verified by ``naive``), a plain step elsewhere;
     with a ``fallback`` selector, that selector decides where no lookup matched."""
     from decoding.lookup import LookupFirst
 
-    ngram = max(LOOKUP_MAX_NGRAM, min_ngram)
+    ngram = max(MAX_NGRAM, min_ngram)
     return EvalPolicy(name, kind, method, LookupFirst(fallback, length, ngram, min_ngram, CHAIN_METHOD))
+
+
+def learned_lookup_policy(gate, latency, fallback=None, name: str = LEARNED_LOOKUP, kind: str = LEARNED_LOOKUP,
+                          method: str = CHAIN_METHOD) -> EvalPolicy:
+    """The learned lookup decision (`decoding.lookup_gate.LearnedLookup`): a lookup chain where the gate's predicted
+    Ê / T beats a plain step (no ``fallback``) or the ``fallback`` selector's best predicted Ê / T, verified by
+    ``naive``; elsewhere the plain step or the selector."""
+    from decoding.lookup_gate import LearnedLookup
+
+    return EvalPolicy(name, kind, method, LearnedLookup(gate, latency, fallback, CHAIN_METHOD))
 
 
 def _tune(decoder, units: Sequence, grid: Sequence[tuple[dict, EvalPolicy]], max_new_tokens: int,
@@ -214,7 +226,7 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_n
 
             def record(state, step, choices=choices) -> None:  # the (method, action) of every step
                 empty = step.action.tree_size == 0
-                tag = f"+{LOOKUP}" if step.lookup else ""
+                tag = f"+{LOOKUP_TAG}" if step.lookup else ""
                 choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
 
             if callable(getattr(p.policy, "reset", None)):  # a stateful policy starts every run fresh

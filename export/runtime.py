@@ -191,14 +191,14 @@ class SelectorRuntime:
         step with the selector's inference) at each of ``lengths``, for the calibration."""
         draft, target, _ = self.latency.step_parts_at(lengths, self.actions, self.schema.feature_set)
         total = self.latency.output_seconds_at(lengths, self.actions, self.methods, self.schema.feature_set)
-        total = total + float(self.sidecar.get("inference_seconds") or 0.0)
+        total = total + self.inference_seconds
         m = len(self.methods)
         return np.stack([np.tile(draft, (1, m)), np.tile(target, (1, m)), total], axis=1)
 
     def _price_block(self, lengths: np.ndarray) -> np.ndarray:
         """``[block, outputs]`` float32 `step_seconds` of each of the context lengths ``lengths`` ``[block]``."""
         per_output = self.latency.output_seconds_at(lengths, self.actions, self.methods, self.schema.feature_set)
-        return (per_output + float(self.sidecar.get("inference_seconds") or 0.0)).astype(np.float32)
+        return (per_output + self.inference_seconds).astype(np.float32)
 
     def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first); for a
@@ -212,12 +212,33 @@ class SelectorRuntime:
             choice = np.argmax(score, axis=-1).astype(np.int64)
         return e, choice
 
+    @property
+    def inference_seconds(self) -> float:
+        """The selector's own inference time per step, as the export measured it (part of every output's T)."""
+        return float(self.sidecar.get("inference_seconds") or 0.0)
+
+    def _decide_one(self, features: RootFeatures) -> tuple[np.ndarray, int, np.ndarray]:
+        """``(first output [outputs], chosen output, step_seconds [outputs])`` at one root."""
+        x = self.schema.vectorize(features, self.latency)
+        seconds = self.step_seconds(features.context_length)
+        e, choice = self.decide({k: v[None] for k, v in x.items()}, seconds[None])
+        return e[0], int(choice[0]), seconds
+
     def select(self, features: RootFeatures) -> Choice:
         """The decoder's selector protocol: the output with the best predicted tokens per second."""
-        x = self.schema.vectorize(features, self.latency)
-        _, choice = self.decide({k: v[None] for k, v in x.items()}, self.step_seconds(features.context_length)[None])
-        method, action = self.table[int(choice[0])]
+        _, o, _ = self._decide_one(features)
+        method, action = self.table[o]
         return Choice(action, method)
+
+    def best(self, features: RootFeatures) -> tuple[Choice, float]:
+        """`select`'s choice and its predicted tokens per second Ê / T (what `decoding.lookup_gate.LearnedLookup`
+        weighs a lookup chain against); a ``throughput`` selector's scores are not Ê, so it has none."""
+        if self.output_names[0] != OUTPUTS[0]:
+            raise SelectorArtifactError(f"{self.folder}: a {self.output_names[0]!r} selector predicts no block "
+                                        "efficiency to weigh a lookup chain against; use a regression selector")
+        e, o, seconds = self._decide_one(features)
+        method, action = self.table[o]
+        return Choice(action, method), float(e[o]) / float(seconds[o])
 
     def __repr__(self) -> str:
         only = ""

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup-ngram", type=int, default=1, metavar="G",
                         help="with --lookup: the shortest suffix of the context that must have occurred before "
                              "(1-4, default %(default)s; longer suffixes are tried first)")
+    parser.add_argument("--lookup-gate", metavar="FILE",
+                        help="the learned lookup instead of --lookup's rule: verify the chain after the context's "
+                             "longest earlier repeat where the gate (artifacts/lookup_gate.json, written by "
+                             "`branchpoint lookup`) predicts more tokens per second than the selector's best (a "
+                             "regression selector) or, without --selector, than a plain step (decoding/lookup_gate.py)")
     parser.add_argument("--json", metavar="FILE", help="also write the tokens, text and statistics to FILE")
 
 
@@ -70,6 +75,8 @@ def check_lookup(args) -> None:
     from decoding.errors import UserInputError
     from decoding.lookup import MAX_NGRAM
 
+    if args.lookup and getattr(args, "lookup_gate", None):
+        raise UserInputError("--lookup (prompt lookup's rule) and --lookup-gate (the learned lookup) exclude each other")
     if args.lookup < 0 or not 1 <= args.lookup_ngram <= MAX_NGRAM:
         raise UserInputError(f"--lookup must be >= 0 (0 = off) and --lookup-ngram in [1, {MAX_NGRAM}], not "
                              f"{args.lookup} and {args.lookup_ngram}")
@@ -130,6 +137,8 @@ def run(cfg, args) -> int:
         fallback = None if method == AUTOREGRESSIVE else policy  # a plain step where nothing matched
         policy = LookupFirst(fallback, args.lookup, MAX_NGRAM, args.lookup_ngram, "naive")
         method = "naive" if method == AUTOREGRESSIVE else method
+    if args.lookup_gate:
+        policy, method = learned_lookup(args, policy, method)
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))
     max_new = _pick(args.max_new_tokens, cfg.decode.max_new_tokens)
     seed = _pick(args.seed, cfg.decode.seed)
@@ -167,6 +176,39 @@ def run(cfg, args) -> int:
         _write_json(args.json, {"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
                                 "action": str(action) if policy is action else str(policy)}, sampling, result.stats)
     return 0
+
+
+DEFAULT_LATENCY = "artifacts/latency.json"  # `branchpoint profile`'s output: prices the learned lookup's chains
+
+
+def learned_lookup(args, policy, method: str) -> tuple[object, str]:
+    """``(policy, method)`` with ``--lookup-gate``: `decoding.lookup_gate.LearnedLookup` over the selector (priced by
+    its latency model) or, with ``--method autoregressive``, over a plain step (priced by ``--latency`` or
+    `DEFAULT_LATENCY`)."""
+    from pathlib import Path
+
+    from decoding.engine import AUTOREGRESSIVE
+    from decoding.errors import UserInputError
+    from decoding.latency import LatencyModel
+    from decoding.lookup_gate import LearnedLookup, LookupGate, LookupGateError
+
+    try:
+        gate = LookupGate.load(args.lookup_gate)
+    except LookupGateError as e:
+        raise UserInputError(str(e)) from None
+    if args.selector:
+        if not callable(getattr(policy, "best", None)) or policy.output_names[0] != "expected_block_efficiency":
+            raise UserInputError(f"--lookup-gate needs a regression selector (its predicted Ê / T is what a lookup "
+                                 f"chain is weighed against); {args.selector} is not one")
+        return LearnedLookup(gate, policy.latency, policy), method
+    if method != AUTOREGRESSIVE:  # a static action has no predicted Ê / T to weigh a chain against
+        raise UserInputError("--lookup-gate goes with --selector, or with --method autoregressive (the learned lookup "
+                             "over plain steps)")
+    path = args.latency or DEFAULT_LATENCY
+    if not Path(path).is_file():
+        raise UserInputError(f"--lookup-gate without --selector prices its chains with a latency profile: {path} not "
+                             "found (run `branchpoint profile` or pass --latency FILE)")
+    return LearnedLookup(gate, LatencyModel.load(path)), "naive"
 
 
 def _write_json(path: str, run: dict, sampling, stats) -> None:

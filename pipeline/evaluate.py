@@ -28,8 +28,9 @@ from pathlib import Path
 
 from decoding.errors import UserInputError
 from decoding.files import write_json_atomic
+from decoding.lookup import LOOKUP_TAG
 
-SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "export", "evaluate")  # the params sections it loads
+SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "lookup", "export", "evaluate")  # the params sections it loads
 
 
 LABEL_COLUMNS = ("split", "context_length", "temperature", "top_p", "source", "l1_p_q_prev")
@@ -134,8 +135,36 @@ def with_lookup(cfg, policies: list, tuning: dict | None) -> list:
 
         latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
         runtime = load_selector(cfg.export.out, latency=latency, calibrate=cfg.evaluate.calibrate)
-        out.append(oe.prompt_lookup_policy(n, g, runtime, f"{selector.name}:{oe.LOOKUP}", "selector",
+        out.append(oe.prompt_lookup_policy(n, g, runtime, f"{selector.name}:{LOOKUP_TAG}", "selector",
                                            selector.method))
+    return out
+
+
+def with_learned_lookup(cfg, policies: list) -> list:
+    """``policies`` with the learned lookup (the gate of stage lookup over a plain step, before the selectors) and the
+    first selector decoded with it (``<selector>:learned_lookup``, on its own runtime), when
+    ``evaluate.learned_lookup`` is on."""
+    from decoding.latency import LatencyModel
+    from decoding.lookup_gate import LookupGate
+    from evaluation import online as oe
+
+    if not cfg.evaluate.learned_lookup:
+        return policies
+    gate = LookupGate.load(cfg.lookup.gate)
+    latency = LatencyModel.load(cfg.profile.out)
+    at = next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies))
+    out = [*policies[:at], oe.learned_lookup_policy(gate, latency), *policies[at:]]
+    selector = next((p for p in policies if p.kind == "selector"), None)
+    if selector is not None:
+        from export.cascade import load_selector
+
+        runtime = load_selector(cfg.export.out, latency=cfg.profile.out, calibrate=cfg.evaluate.calibrate)
+        if getattr(runtime, "output_names", ("",))[0] == "expected_block_efficiency":  # a regression SelectorRuntime
+            out.append(oe.learned_lookup_policy(gate, runtime.latency, runtime, f"{selector.name}:{oe.LEARNED_LOOKUP}",
+                                                "selector", selector.method))
+        else:
+            print(f"evaluate: {cfg.export.out} predicts no block efficiency to weigh lookup chains against (a cascade "
+                  "or a throughput selector): no selector with the learned lookup")
     return out
 
 
@@ -222,7 +251,7 @@ def decode_all(cfg, args, off):
         policies.insert(next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies)),
                         threshold_chain)
     off["prompt_lookup_tuning"] = tuned_prompt_lookup(cfg, decoder)
-    policies = with_lookup(cfg, policies, off["prompt_lookup_tuning"])
+    policies = with_learned_lookup(cfg, with_lookup(cfg, policies, off["prompt_lookup_tuning"]))
     print(f"evaluate: {len(units)} of {available} TEST prompts x {len(ec.seeds)} seeds x {len(policies)} policies "
           f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
           f"{ec.max_new_tokens} new tokens each", flush=True)
@@ -231,13 +260,16 @@ def decode_all(cfg, args, off):
     return units, available, policies, runtime, runs, time.perf_counter() - start
 
 
-def references(off) -> dict[str, str]:
+def references(off, policies=()) -> dict[str, str]:
     """Label -> policy name of every paired-ratio reference (absent policies are skipped by the table)."""
     from evaluation import online as oe
 
     refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
             "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain",
-            "prompt_lookup": oe.PROMPT_LOOKUP}
+            "prompt_lookup": oe.PROMPT_LOOKUP, "learned_lookup": oe.LEARNED_LOOKUP}
+    rule = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
+    if rule is not None:  # the selector with prompt lookup's rule first: what the learned lookup replaces
+        refs["selector_lookup_rule"] = rule
     if off["best_static"]:
         refs["best_static"] = off["best_static"]
     return refs
@@ -251,7 +283,7 @@ def tables(cfg, off, policies, runs):
 
     ec = cfg.evaluate
     df = pd.DataFrame(runs)
-    refs = references(off)
+    refs = references(off, policies)
     table = policy_table(df, refs, ec.ci, ec.bootstrap, ec.seed)
     table = {p.name: table[p.name] for p in policies}  # in the order of the policies
     names = [p.name for p in policies]
@@ -267,7 +299,8 @@ def tables(cfg, off, policies, runs):
 
 
 HEADLINE = {"ar": "autoregressive", "best_static": "best_static", "adaptive_chain": "adaptive_chain",
-            "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup"}
+            "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup", "learned_lookup": "learned_lookup",
+            "lookup_rule": "selector_lookup_rule"}
 
 
 def headline(table: dict, primary: str | None, alone: str | None = None) -> dict:
@@ -314,7 +347,7 @@ def run(cfg, args) -> int:
         "policies": table, "gain_by_temperature": gains["temperature"], "gain_by_source": gains["source"],
         "acceptance_by_depth": oe.depth_acceptance(runs), "best_static": off["best_static"],
         "chosen": {p.name: oe.chosen(runs, p.name) for p in policies
-                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN, oe.PROMPT_LOOKUP)},
+                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN, oe.PROMPT_LOOKUP, oe.LEARNED_LOOKUP)},
         "threshold_chain_tuning": off["threshold_chain_tuning"],
         "prompt_lookup_tuning": off.get("prompt_lookup_tuning"),
         "offline": {"test_roots": off["test_roots"], "fit_roots": off["fit_roots"], "statics": off["offline"],
@@ -326,14 +359,18 @@ def run(cfg, args) -> int:
                  "on TRAIN labels; best_static = the hardware-aware best static tree (highest TRAIN TPS under the "
                  "latency model)"),
     }
-    # the headline: the selector with lookup first when it ran, else the selector (auto, or its one method)
+    # the headline: the selector with the learned lookup when it ran, else with prompt lookup's rule first, else the
+    # selector alone (auto, or its one method)
     alone = next((p.name for p in policies if p.kind == "selector"), None)
-    primary = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{oe.LOOKUP}")), alone)
+    with_rule = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
+    learned = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{oe.LEARNED_LOOKUP}")), None)
+    primary = learned or with_rule or alone
     alone = alone if primary != alone else None
     if runtime is not None:
         calibration = runtime.calibration  # None without evaluate.calibrate
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
                                "feature_set": runtime.feature_set, "policy": primary, "policy_alone": alone,
+                               "policy_lookup_rule": with_rule,
                                "calibration": calibration.to_dict() if calibration is not None else None}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     trained = alone or primary  # the trained selector's own policy (lookup chains have no offline labels)

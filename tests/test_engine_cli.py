@@ -67,6 +67,42 @@ def test_decode_with_lookup_first_stays_greedy_and_reports_lookup_steps(params, 
         assert any(a.endswith("+lookup") for a in runs[name]["stats"]["actions"]), runs[name]["stats"]
 
 
+def test_decode_with_the_learned_lookup_stays_greedy(params, tmp_path, capsys):
+    """``--lookup-gate``: the chain after the longest repeat where the gate predicts it beats a plain step; greedy
+    decoding still gives the target's own tokens; the flag's misuses are one-line errors."""
+    import numpy as np
+    from selector_helpers import toy_latency
+
+    from decoding.files import write_json_atomic
+    from decoding.lookup_gate import LookupGate
+    from pipeline.cli import main
+
+    gate, latency = tmp_path / "lookup_gate.json", tmp_path / "latency.json"
+    write_json_atomic(gate, LookupGate.fit(np.array([1, 5]), np.ones(2), np.full((2, 3), 0.95)).to_dict())
+    toy_latency().save(latency)
+    prompt = "w5 w9 w33 w2 w5 w9 w33 w2 w5 w9"
+    runs = {}
+    for name, extra in (("ar", []), ("gate", ["--lookup-gate", str(gate), "--latency", str(latency)])):
+        out = tmp_path / f"{name}.json"
+        assert main(["decode", "--params", params, "--prompt", prompt, "--set", "sampling.temperature=0",
+                     "--method", "autoregressive", "--max-new-tokens", "12", "--json", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    assert runs["gate"]["tokens"] == runs["ar"]["tokens"] and "LearnedLookup" in runs["gate"]["action"]
+    assert any(a.endswith("+lookup") for a in runs["gate"]["stats"]["actions"]), runs["gate"]["stats"]
+    for extra, fragment in ((["--lookup", "3"], "exclude each other"),
+                            (["--latency", str(tmp_path / "none.json")], "not found"),
+                            (["--method", "traversal", "--action", "2,0,1", "--latency", str(latency)],
+                             "goes with --selector")):
+        capsys.readouterr()
+        assert main(["decode", "--params", params, "--method", "autoregressive", "--max-new-tokens", "2",
+                     "--lookup-gate", str(gate), *extra]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("branchpoint decode: error:")]
+        assert len(errors) == 1 and fragment in errors[0], errors
+    assert main(["decode", "--params", params, "--method", "autoregressive", "--lookup-gate",
+                 str(tmp_path / "missing.json")]) == 2
+    assert "no lookup gate there" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--lookup", "-1"], "--lookup must be >= 0"),
     (["--lookup", "3", "--lookup-ngram", "5"], "--lookup-ngram in [1, 4]"),

@@ -78,6 +78,12 @@ def params(tmp_path_factory):
     finally:
         torch.set_num_threads(before)
     toy_latency().save(root / "latency.json")
+    from decoding.files import write_json_atomic
+    from decoding.lookup_gate import LookupGate
+
+    # a gate that predicts every repeat pays (these random tokens repeat by one token at most)
+    gate = LookupGate.fit(np.array([1, 1, 12]), np.ones(3), np.full((3, 3), 0.95), prior=0.0)
+    write_json_atomic(root / "gate.json", gate.to_dict())
     net, meta, schema = random_selector("paper", methods=tuple(METHODS), hidden=(32, 32), seed=2)
     inputs = random_inputs(schema, 16, seed=1)
     lat = toy_latency()
@@ -91,6 +97,7 @@ def params(tmp_path_factory):
         f"trajectories:\n  out: {root / 'traj'}\n"
         f"collect:\n  out: {root / 'collect'}\n  methods: [{', '.join(METHODS)}]\n"
         f"profile:\n  out: {root / 'latency.json'}\n"
+        f"lookup:\n  gate: {root / 'gate.json'}\n"
         f"export:\n  out: {root / 'selector'}\n"
         f"tracking:\n  uri: sqlite:///{root / 'mlflow.db'}\n  experiment: eval-test\n"
         "evaluate:\n  prompts: 2\n  seeds: [0, 1]\n  max_new_tokens: 8\n  methods: [specinfer, gbv]\n"
@@ -110,10 +117,10 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
     names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
-             "threshold_chain", "prompt_lookup", "selector:auto", "selector:traversal", "selector:gbv",
-             "selector:auto:uncalibrated", "selector:auto:lookup"]
+             "threshold_chain", "prompt_lookup", "learned_lookup", "selector:auto", "selector:traversal", "selector:gbv",
+             "selector:auto:uncalibrated", "selector:auto:lookup", "selector:auto:learned_lookup"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 52}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 60}
     cal = m["selector"]["calibration"]  # the primary selector's online calibration, after every decode
     assert sum(cal["steps"].values()) >= m["policies"]["selector:auto"]["units"] and cal["half_life"] > 0
     assert all(0.25 <= f <= 4 for f in cal["factors"].values()), cal
@@ -135,9 +142,11 @@ def test_evaluate_stage_writes_every_output(params, capsys):
         used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
         assert used <= {method, "autoregressive"}, used
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
-    # the headline policy is the selector with lookup first; the selector alone is reported beside it
-    assert m["selector"]["policy"] == "selector:auto:lookup" and m["selector"]["policy_alone"] == "selector:auto"
-    primary = m["policies"]["selector:auto:lookup"]
+    # the headline policy is the selector with the learned lookup; the selector alone and with prompt lookup's rule
+    # are reported beside it
+    assert m["selector"]["policy"] == "selector:auto:learned_lookup" and m["selector"]["policy_alone"] == "selector:auto"
+    assert m["selector"]["policy_lookup_rule"] == "selector:auto:lookup"
+    primary = m["policies"]["selector:auto:learned_lookup"]
     assert m["selector_tps_vs_autoregressive"] == primary["tps_vs_autoregressive"]["value"]
     assert m["selector_alone_vs_ar"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
     # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
@@ -145,7 +154,8 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
     for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain"),
-                     ("threshold_chain", "threshold_chain"), ("prompt_lookup", "prompt_lookup")):
+                     ("threshold_chain", "threshold_chain"), ("prompt_lookup", "prompt_lookup"),
+                     ("learned_lookup", "learned_lookup"), ("lookup_rule", "selector_lookup_rule")):
         r = sel[f"tps_vs_{ref}"]
         assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
             r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
@@ -170,6 +180,12 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert set(plain) <= {"autoregressive"} | {f"naive:1,{n},0+lookup" for n in (1, 2)}, plain
     with_lookup = m["chosen"]["selector:auto:lookup"]
     assert any(k.endswith("+lookup") for k in with_lookup) and any(not k.endswith("+lookup") for k in with_lookup)
+    # the learned lookup: chains after the longest repeat (any length up to the gate's 3) or plain steps, no draft;
+    # with the selector it also drafts where no repeat paid
+    learned = m["chosen"]["learned_lookup"]
+    assert set(learned) <= {"autoregressive"} | {f"naive:1,{n},0+lookup" for n in (1, 2, 3)}, learned
+    assert any(k.endswith("+lookup") for k in learned), learned
+    assert any(not k.endswith("+lookup") for k in m["chosen"]["selector:auto:learned_lookup"])
     adaptive = m["chosen"]["adaptive_chain"]  # naive chains only (the grid's K = 1, L2 = 0 actions)
     assert adaptive and all(k.split(":")[0] == "naive" and parse_action(k.split(":")[1]).is_chain for k in adaptive)
     depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()

@@ -36,6 +36,9 @@ class EvaluateConfig:
     lookup_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 6])
     lookup_min_ngrams: list[int] = field(default_factory=lambda: [1, 2])
     lookup_tune_max_new_tokens: int = 48
+    # the learned lookup (stage lookup's gate, decoding.lookup_gate: a lookup chain where its predicted Ê / T beats a
+    # plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", the headline policy)
+    learned_lookup: bool = True
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
     # the selector's step times corrected online by the decoder's measured ones (decoding.calibration). Off: in four
