@@ -77,7 +77,26 @@ def lookup_tree(tokens: Sequence[int], vocab_size: int) -> DraftTree:
 LOOKUP_TAG = "lookup"  # the suffix of a lookup step's action in the decode statistics ("1,3,0+lookup")
 
 
-class LookupFirst:
+class FallbackHooks:
+    """What a lookup policy forwards to its ``fallback`` selector (None: a plain step): ``observe_step`` only for the
+    steps the fallback chose (``_lookup_step`` is set by ``select``: a lookup step costs no draft forward and would
+    mislead an online calibration), and ``reset``."""
+
+    fallback = None
+    _lookup_step = False
+
+    def observe_step(self, action, context_length, timing) -> None:
+        observe = getattr(self.fallback, "observe_step", None)
+        if callable(observe) and not self._lookup_step:
+            observe(action, context_length, timing)
+
+    def reset(self) -> None:
+        reset = getattr(self.fallback, "reset", None)
+        if callable(reset):
+            reset()
+
+
+class LookupFirst(FallbackHooks):
     """Verify a context lookup chain where one matches (at least ``min_ngram`` tokens), else ask ``fallback``.
 
     ``fallback``: a selector (the trained one), or None for a plain step (prompt lookup decoding alone).
@@ -108,20 +127,10 @@ class LookupFirst:
 
         found = propose(features.context, self.length, self.max_ngram, self.min_ngram) \
             if features.context is not None else None
-        self._lookup_step = bool(found is not None and found.tokens)
+        self._lookup_step = found is not None  # a match starts before the suffix: a token always follows it
         if self._lookup_step:
             return Choice(Action(1, len(found.tokens), 0), self.method, found.tokens)
         return self.fallback.select(features)
-
-    def observe_step(self, action, context_length, timing) -> None:
-        observe = getattr(self.fallback, "observe_step", None)
-        if callable(observe) and not self._lookup_step:
-            observe(action, context_length, timing)
-
-    def reset(self) -> None:
-        reset = getattr(self.fallback, "reset", None)
-        if callable(reset):
-            reset()
 
     def __repr__(self) -> str:
         return (f"LookupFirst({self.fallback!r}, length={self.length}, ngram={self.min_ngram}..{self.max_ngram}, "

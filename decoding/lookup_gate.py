@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .actions import AR_ACTION, Action
+from .lookup import FallbackHooks
 
 RUN_EDGES = (2, 3, 4, 6, 10, 16, 32)  # run bins [1, 2) [2, 3) [3, 4) [4, 6) [6, 10) [10, 16) [16, 32) [32, cap]
 ENTROPY_EDGES = (0.25, 1.0, 2.5)  # H(p_prev) bins in nats: [0, .25) [.25, 1) [1, 2.5) [2.5, inf)
@@ -212,7 +213,7 @@ class LookupGate:
         return cls.from_dict(d, str(p))
 
 
-class LearnedLookup:
+class LearnedLookup(FallbackHooks):
     """A lookup chain where the gate predicts it beats the fallback, else the fallback (module docstring).
 
     ``fallback``: a selector with ``best(features) -> (Choice, predicted Ê / T)`` (`export.runtime.SelectorRuntime`),
@@ -265,16 +266,6 @@ class LearnedLookup:
             self._lookup_step = True
             return Choice(Action(1, best_n + 1, 0), self.method, found.tokens[: best_n + 1])
         return choice
-
-    def observe_step(self, action, context_length, timing) -> None:
-        observe = getattr(self.fallback, "observe_step", None)
-        if callable(observe) and not self._lookup_step:
-            observe(action, context_length, timing)
-
-    def reset(self) -> None:
-        reset = getattr(self.fallback, "reset", None)
-        if callable(reset):
-            reset()
 
     def __repr__(self) -> str:
         return f"LearnedLookup({self.fallback!r}, length <= {self.length}, method={self.method})"

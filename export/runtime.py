@@ -230,10 +230,15 @@ class SelectorRuntime:
         method, action = self.table[o]
         return Choice(action, method)
 
+    @property
+    def predicts_block_efficiency(self) -> bool:
+        """Whether the first output is Ê (a regression selector), not a ``throughput`` selector's decision scores."""
+        return self.output_names[0] == OUTPUTS[0]
+
     def best(self, features: RootFeatures) -> tuple[Choice, float]:
         """`select`'s choice and its predicted tokens per second Ê / T (what `decoding.lookup_gate.LearnedLookup`
         weighs a lookup chain against); a ``throughput`` selector's scores are not Ê, so it has none."""
-        if self.output_names[0] != OUTPUTS[0]:
+        if not self.predicts_block_efficiency:
             raise SelectorArtifactError(f"{self.folder}: a {self.output_names[0]!r} selector predicts no block "
                                         "efficiency to weigh a lookup chain against; use a regression selector")
         e, o, seconds = self._decide_one(features)

@@ -197,7 +197,7 @@ def learned_lookup(args, policy, method: str) -> tuple[object, str]:
     except LookupGateError as e:
         raise UserInputError(str(e)) from None
     if args.selector:
-        if not callable(getattr(policy, "best", None)) or policy.output_names[0] != "expected_block_efficiency":
+        if not getattr(policy, "predicts_block_efficiency", False):  # a cascade, or a throughput selector
             raise UserInputError(f"--lookup-gate needs a regression selector (its predicted Ê / T is what a lookup "
                                  f"chain is weighed against); {args.selector} is not one")
         return LearnedLookup(gate, policy.latency, policy), method

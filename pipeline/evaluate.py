@@ -159,7 +159,7 @@ def with_learned_lookup(cfg, policies: list) -> list:
         from export.cascade import load_selector
 
         runtime = load_selector(cfg.export.out, latency=cfg.profile.out, calibrate=cfg.evaluate.calibrate)
-        if getattr(runtime, "output_names", ("",))[0] == "expected_block_efficiency":  # a regression SelectorRuntime
+        if getattr(runtime, "predicts_block_efficiency", False):  # not a cascade or a throughput selector
             out.append(oe.learned_lookup_policy(gate, runtime.latency, runtime, f"{selector.name}:{oe.LEARNED_LOOKUP}",
                                                 "selector", selector.method))
         else:
@@ -260,6 +260,11 @@ def decode_all(cfg, args, off):
     return units, available, policies, runtime, runs, time.perf_counter() - start
 
 
+def selector_with(policies, suffix: str) -> str | None:
+    """The name of the selector policy decoded with ``suffix`` (``<selector>:<suffix>``), or None."""
+    return next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{suffix}")), None)
+
+
 def references(off, policies=()) -> dict[str, str]:
     """Label -> policy name of every paired-ratio reference (absent policies are skipped by the table)."""
     from evaluation import online as oe
@@ -267,7 +272,7 @@ def references(off, policies=()) -> dict[str, str]:
     refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
             "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain",
             "prompt_lookup": oe.PROMPT_LOOKUP, "learned_lookup": oe.LEARNED_LOOKUP}
-    rule = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
+    rule = selector_with(policies, LOOKUP_TAG)
     if rule is not None:  # the selector with prompt lookup's rule first: what the learned lookup replaces
         refs["selector_lookup_rule"] = rule
     if off["best_static"]:
@@ -362,8 +367,7 @@ def run(cfg, args) -> int:
     # the headline: the selector with the learned lookup when it ran, else with prompt lookup's rule first, else the
     # selector alone (auto, or its one method)
     alone = next((p.name for p in policies if p.kind == "selector"), None)
-    with_rule = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
-    learned = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{oe.LEARNED_LOOKUP}")), None)
+    with_rule, learned = selector_with(policies, LOOKUP_TAG), selector_with(policies, oe.LEARNED_LOOKUP)
     primary = learned or with_rule or alone
     alone = alone if primary != alone else None
     if runtime is not None:

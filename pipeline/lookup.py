@@ -204,14 +204,15 @@ def run(cfg, args) -> int:
     blind = LookupGate.fit(np.ones_like(train["run"]), np.zeros(train["run"].shape), train["accept"], prior=0.0)
     write_json_atomic(lc.gate, {**gate.to_dict(), "fitted_on": {"split": "train", "roots": int(train["run"].size)}})
     latency = LatencyModel.load(cfg.profile.out)
+    parts = {s: part(s) for s in lc.splits}  # every root of each split
     metrics: dict = {"step_ratio": [round(float(r), 3) for r in ratio],
-                     "step_ratio_measured": [round(float(r), 3) for r in measured], "label_seconds": round(label_s, 1), "roots": {s: int((labels["split"] == s).sum())
-                                                                   for s in lc.splits},
-                     "repeat_share": {s: float((part(s)["run"] > 0).mean()) for s in lc.splits if part(s)["run"].size}}
-    for split in lc.splits:
-        if split == "train" or not part(split)["run"].size:
+                     "step_ratio_measured": [round(float(r), 3) for r in measured], "label_seconds": round(label_s, 1),
+                     "roots": {s: int(p["run"].size) for s, p in parts.items()},
+                     "repeat_share": {s: float((p["run"] > 0).mean()) for s, p in parts.items() if p["run"].size}}
+    for split, rows in parts.items():
+        if split == "train" or not rows["run"].size:
             continue
-        metrics[split] = {**gate_errors(gate, part(split, True), blind), **offline_comparison(gate, part(split), latency)}
+        metrics[split] = {**gate_errors(gate, part(split, True), blind), **offline_comparison(gate, rows, latency)}
     write_json_atomic(lc.metrics, metrics)
     print(f"lookup: {labels['run'].size} roots labelled in {label_s:.0f} s -> {lc.out}/{LABELS_FILE}; gate fitted on "
           f"{train['run'].size} TRAIN roots with a repeat -> {lc.gate}")
