@@ -7,10 +7,12 @@ findings), the latency profile (``profile.out``), the exported selector (``expor
 plot data under ``evaluate.plots`` (`dvc plots show`), ``evaluate.report`` (reports/report.md + figures/), one
 MLflow run tagged ``stage=evaluate``. Steps:
 
-1. best static actions on TRAIN labels (`evaluation.online.best_statics`) and their offline TPS on TEST;
+1. best static actions on TRAIN labels (`evaluation.online.best_statics`, every labelled method) and their offline
+   TPS on TEST;
 2. policies: autoregressive, chain, the adaptive chain, the threshold chain (N and threshold tuned on
-   ``evaluate.tune_prompts`` TRAIN prompts, `tuned_threshold_chain`), each method's best static (the one of the highest
-   TRAIN TPS is ``best_static``, the hardware-aware best static tree), the selector (``auto`` and restricted to each
+   ``evaluate.tune_prompts`` TRAIN prompts, `tuned_threshold_chain`), the best static of each of ``evaluate.methods``
+   and the one of the highest TRAIN TPS over every labelled method (``best_static``, the hardware-aware best static
+   tree), the selector (``auto`` and restricted to each
    of ``evaluate.selector_methods``; `export.cascade.load_selector`: a `SelectorRuntime` or a two-stage
    `CascadeRuntime`, priced with ``profile.out``);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
@@ -210,11 +212,13 @@ def offline_part(cfg):
     from evaluation.claims import findings
 
     cols, labels, space = load_labels(cfg)
-    methods = list(dict.fromkeys(["traversal", *(cfg.evaluate.methods or cfg.collect.methods)]))
-    missing = [m for m in methods if m not in labels]
+    decoded = list(dict.fromkeys(["traversal", *(cfg.evaluate.methods or cfg.collect.methods)]))
+    missing = [m for m in decoded if m not in labels]
     if missing:
         raise UserInputError(f"evaluate.methods names {missing}, but {cfg.collect.out} has labels only for "
                              f"{sorted(labels)}; add them to collect.methods and re-collect, or drop them")
+    # the best static is chosen among every labelled method; only it, the chain and evaluate.methods are decoded
+    methods = list(dict.fromkeys([*decoded, *(m for m in cfg.collect.methods if m in labels)]))
     T, offsets = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
                                  [*methods, oe.CHAIN_METHOD])  # [N, A] and each method's verification cost
     split = cols["split"]
@@ -227,7 +231,8 @@ def offline_part(cfg):
                                               offsets))
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)
-    return {"space": space, "statics": statics, "offline": offline, "best_static": best, "findings": found,
+    statics_decoded = {n: (m, a) for n, (m, a) in statics.items() if n in (oe.CHAIN, best) or m in decoded}
+    return {"space": space, "statics": statics_decoded, "offline": offline, "best_static": best, "findings": found,
             "test_roots": int(test.sum()), "fit_roots": int(fit.sum())}
 
 
@@ -273,7 +278,9 @@ def references(off, policies=()) -> dict[str, str]:
             "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain",
             "prompt_lookup": oe.PROMPT_LOOKUP, "learned_lookup": oe.LEARNED_LOOKUP}
     rule = selector_with(policies, LOOKUP_TAG)
-    if rule is not None:  # the selector with prompt lookup's rule first: what the learned lookup replaces
+    # the selector with prompt lookup's rule first: what the learned lookup replaces (a reference only beside it: with
+    # no learned lookup, a cascade's, the rule is the headline policy and its ratio to itself would read 1)
+    if rule is not None and selector_with(policies, oe.LEARNED_LOOKUP) is not None:
         refs["selector_lookup_rule"] = rule
     if off["best_static"]:
         refs["best_static"] = off["best_static"]

@@ -215,3 +215,42 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert len(runs) == 1 and len(parent) == 1  # the evaluate run, nested under the pipeline run
     assert runs["tags.mlflow.parentRunId"][0] == parent["run_id"].iloc[0]
     assert runs["metrics.selector_auto/tokens_per_second"][0] > 0
+
+
+def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded(params):
+    """With ``evaluate.methods: [traversal]`` every collected method's best static is priced offline (TRAIN picks
+    ``best_static``), and the statics decoded online are the chain, Traversal's and the best one only."""
+    from evaluation import online as oe
+    from pipeline.config import load_config
+    from pipeline.evaluate import load_labels, offline_part
+
+    root, path = params
+    cfg = load_config(path, ["evaluate.methods=[traversal]"])
+    off = offline_part(cfg)
+    assert set(off["offline"]) == {oe.AUTOREGRESSIVE, oe.CHAIN, *(f"static:{m}" for m in METHODS)}
+    assert set(off["statics"]) == {oe.CHAIN, "static:traversal", off["best_static"]}
+    # the best static is the highest TRAIN TPS of all three methods, recomputed here from the labels
+    from decoding.latency import LatencyModel
+
+    cols, labels, space = load_labels(cfg)
+    T, offsets = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
+                                 [*METHODS, oe.CHAIN_METHOD])
+    fit = cols["split"] == "train"
+    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, METHODS, True, offsets)
+    train_tps = oe.offline_tps({m: E[fit] for m, E in labels.items()}, T[fit], statics, space, offsets)
+    assert off["best_static"] == max((f"static:{m}" for m in METHODS), key=lambda n: train_tps[n]["tps"])
+
+
+def test_the_lookup_rule_is_a_reference_only_beside_the_learned_lookup():
+    """A cascade decodes the selector with prompt lookup's rule as its headline: no ratio of it to itself."""
+    from types import SimpleNamespace
+
+    from pipeline.evaluate import references
+
+    def policies(*names):
+        return [SimpleNamespace(name=n, kind="selector") for n in names]
+
+    off = {"best_static": "static:traversal"}
+    both = references(off, policies("selector:auto", "selector:auto:lookup", "selector:auto:learned_lookup"))
+    assert both["selector_lookup_rule"] == "selector:auto:lookup"
+    assert "selector_lookup_rule" not in references(off, policies("selector:auto", "selector:auto:lookup"))

@@ -16,8 +16,8 @@ class EvaluateConfig:
     # alike, and the draft's own prefill weigh in a run as they do in real generations (at 32 they were ~15%)
     max_new_tokens: int = 96
     # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is
-    # always included (the reference)
-    methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "gbv"])
+    # always included (the reference), and so is the best static of every collected method (``best_static``)
+    methods: list[str] = field(default_factory=lambda: ["traversal"])
     chain: bool = True  # chain speculative decoding (naive on K = 1) with its best static length
     adaptive_chain: bool = True  # the acceptance-tracking chain length (decoding.policy.AdaptiveChain), naive
     # the confidence-threshold chain of HF assisted generation (decoding.threshold_chain), naive, with N (tune_lengths)
