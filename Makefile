@@ -54,7 +54,7 @@ DVC_REMOTE ?= .dvc-storage
 main: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/branchpoint publish --remote $(DVC_REMOTE)
-	$(BIN)/branchpoint decode --selector artifacts/selector --lookup-gate artifacts/lookup_gate.json
+	$(BIN)/branchpoint decode --selector artifacts/selector --lookup 4
 
 # Fast suite (CI): everything but tests marked slow.
 test: setup

@@ -247,17 +247,20 @@ def headline(metrics: dict) -> str:
                      "(the paper reports 1.05x over Traversal on its GPU pairs).")
     alone = pol.get((metrics.get("selector") or {}).get("policy_alone") or "")
     if sel and alone:
-        rule = (metrics.get("selector") or {}).get("policy_lookup_rule")
-        if rule and rule != _selector_policy(metrics):  # the primary is the selector with the learned lookup
-            parts.append(f"It verifies a context lookup chain where the learned gate predicts more tokens per second "
-                         f"than the trained selector's best choice, and follows the selector elsewhere: "
-                         f"{_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup decoding alone, "
-                         f"{_ci(sel.get('tps_vs_selector_lookup_rule'))}x the selector behind prompt lookup's rule; the "
-                         f"trained selector alone runs at {_ci(alone.get('tps_vs_autoregressive'))}x autoregressive.")
+        names = metrics.get("selector") or {}
+        learned = names.get("policy_learned_lookup") == _selector_policy(metrics)  # the primary uses the learned gate
+        other = names.get("policy_other_lookup")
+        if learned:
+            parts.append("It verifies a context lookup chain where the learned gate predicts more tokens per second "
+                         "than the trained selector's best choice, and follows the selector elsewhere: ")
         else:
-            parts.append(f"It verifies a context lookup chain where the text repeats itself and asks the trained "
-                         f"selector elsewhere: {_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup decoding alone; "
-                         f"the trained selector alone runs at {_ci(alone.get('tps_vs_autoregressive'))}x autoregressive.")
+            parts.append("It verifies a context lookup chain where the text repeats itself (prompt lookup's tuned "
+                         "rule) and asks the trained selector elsewhere: ")
+        parts[-1] += f"{_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup decoding alone"
+        if other:
+            parts[-1] += (f", {_ci(sel.get('tps_vs_selector_other_lookup'))}x the selector behind "
+                          f"{'prompt lookup' + chr(39) + 's rule' if learned else 'the learned lookup'}")
+        parts[-1] += f"; the trained selector alone runs at {_ci(alone.get('tps_vs_autoregressive'))}x autoregressive."
     if trav:
         parts.append(f"Traversal's best static ({trav.get('action')}) runs at {_ci(trav.get('tps_vs_autoregressive'))}x "
                      f"autoregressive with block efficiency {_ci(trav['block_efficiency'])}.")

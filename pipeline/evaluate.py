@@ -270,18 +270,34 @@ def selector_with(policies, suffix: str) -> str | None:
     return next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{suffix}")), None)
 
 
-def references(off, policies=()) -> dict[str, str]:
+def selector_policies(policies, headline_lookup: str = "rule") -> dict[str, str | None]:
+    """Names of the selector's policies: ``primary`` (the headline: the selector behind the ``headline_lookup``
+    decision when it ran, else behind the other one, else alone), ``alone`` (without lookup, None when it is the
+    primary), ``rule`` / ``learned`` (behind prompt lookup's rule / the learned lookup) and ``other_lookup`` (the
+    one of those two that is not the primary: the headline's peer, None when only one ran)."""
+    from evaluation import online as oe
+
+    alone = next((p.name for p in policies if p.kind == "selector"), None)
+    rule, learned = selector_with(policies, LOOKUP_TAG), selector_with(policies, oe.LEARNED_LOOKUP)
+    first, second = (learned, rule) if headline_lookup == "learned" else (rule, learned)
+    primary = first or second or alone
+    other = second if first and second else None
+    return {"primary": primary, "alone": alone if primary != alone else None, "rule": rule, "learned": learned,
+            "other_lookup": other}
+
+
+def references(off, policies=(), headline_lookup: str = "rule") -> dict[str, str]:
     """Label -> policy name of every paired-ratio reference (absent policies are skipped by the table)."""
     from evaluation import online as oe
 
     refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
             "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain",
             "prompt_lookup": oe.PROMPT_LOOKUP, "learned_lookup": oe.LEARNED_LOOKUP}
-    rule = selector_with(policies, LOOKUP_TAG)
-    # the selector with prompt lookup's rule first: what the learned lookup replaces (a reference only beside it: with
-    # no learned lookup, a cascade's, the rule is the headline policy and its ratio to itself would read 1)
-    if rule is not None and selector_with(policies, oe.LEARNED_LOOKUP) is not None:
-        refs["selector_lookup_rule"] = rule
+    # the selector behind the other lookup decision (a reference only beside the headline's: with one of them, a
+    # cascade's rule, its ratio to itself would read 1)
+    other = selector_policies(policies, headline_lookup)["other_lookup"]
+    if other is not None:
+        refs["selector_other_lookup"] = other
     if off["best_static"]:
         refs["best_static"] = off["best_static"]
     return refs
@@ -295,7 +311,7 @@ def tables(cfg, off, policies, runs):
 
     ec = cfg.evaluate
     df = pd.DataFrame(runs)
-    refs = references(off, policies)
+    refs = references(off, policies, ec.headline_lookup)
     table = policy_table(df, refs, ec.ci, ec.bootstrap, ec.seed)
     table = {p.name: table[p.name] for p in policies}  # in the order of the policies
     names = [p.name for p in policies]
@@ -312,7 +328,7 @@ def tables(cfg, off, policies, runs):
 
 HEADLINE = {"ar": "autoregressive", "best_static": "best_static", "adaptive_chain": "adaptive_chain",
             "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup", "learned_lookup": "learned_lookup",
-            "lookup_rule": "selector_lookup_rule"}
+            "other_lookup": "selector_other_lookup"}
 
 
 def headline(table: dict, primary: str | None, alone: str | None = None) -> dict:
@@ -371,17 +387,16 @@ def run(cfg, args) -> int:
                  "on TRAIN labels; best_static = the hardware-aware best static tree (highest TRAIN TPS under the "
                  "latency model)"),
     }
-    # the headline: the selector with the learned lookup when it ran, else with prompt lookup's rule first, else the
-    # selector alone (auto, or its one method)
-    alone = next((p.name for p in policies if p.kind == "selector"), None)
-    with_rule, learned = selector_with(policies, LOOKUP_TAG), selector_with(policies, oe.LEARNED_LOOKUP)
-    primary = learned or with_rule or alone
-    alone = alone if primary != alone else None
+    # the headline: the selector behind evaluate.headline_lookup's decision when it ran, else behind the other, else
+    # the selector alone (auto, or its one method)
+    names = selector_policies(policies, ec.headline_lookup)
+    primary, alone = names["primary"], names["alone"]
     if runtime is not None:
         calibration = runtime.calibration  # None without evaluate.calibrate
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
                                "feature_set": runtime.feature_set, "policy": primary, "policy_alone": alone,
-                               "policy_lookup_rule": with_rule,
+                               "policy_lookup_rule": names["rule"], "policy_learned_lookup": names["learned"],
+                               "policy_other_lookup": names["other_lookup"],
                                "calibration": calibration.to_dict() if calibration is not None else None}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     trained = alone or primary  # the trained selector's own policy (lookup chains have no offline labels)

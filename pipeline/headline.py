@@ -8,10 +8,10 @@ metrics/headline.json`` and ``dvc exp show --keep`` (README) show a run at a gla
 
 - ``selector_vs_ar`` (+ ``_lo`` / ``_hi``, the paired bootstrap interval), ``selector_vs_best_static``,
   ``selector_vs_threshold_chain``, ``selector_vs_adaptive_chain``: end-to-end tokens/s of the exported
-  selector on the TEST prompts over each reference policy (evaluate); with ``evaluate.learned_lookup`` the selector
-  decodes with the learned lookup (``<selector>:learned_lookup``: a context lookup chain where the gate of stage lookup
-  predicts it beats the selector's best), ``selector_vs_prompt_lookup`` compares it with prompt lookup decoding alone
-  and ``selector_vs_lookup_rule`` with the selector behind prompt lookup's rule (``<selector>:lookup``);
+  selector on the TEST prompts over each reference policy (evaluate); the selector decodes behind a context lookup
+  decision (``evaluate.headline_lookup``: prompt lookup's tuned rule, ``<selector>:lookup``, by default, or the learned
+  lookup, ``<selector>:learned_lookup``), ``selector_vs_prompt_lookup`` compares it with prompt lookup decoding alone
+  and ``selector_vs_other_lookup`` with the selector behind the other decision;
   ``selector_alone_vs_ar`` (+ interval) is the selector without lookup;
 - ``selector_tokens_per_second``, ``selector_block_efficiency``: the selector's own online numbers;
 - ``offline_selector_vs_ar``, ``offline_oracle_vs_ar``: realized TPS on TEST labels (selector, per-root oracle);
@@ -32,7 +32,7 @@ SECTIONS = ("train_draft", "collect", "evaluate")  # the params sections it load
 OUT = "metrics/headline.json"
 KEYS = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_vs_best_static",
         "selector_vs_threshold_chain", "selector_vs_adaptive_chain", "selector_vs_prompt_lookup",
-        "selector_vs_lookup_rule", "selector_alone_vs_ar", "selector_alone_vs_ar_lo", "selector_alone_vs_ar_hi", "selector_tokens_per_second",
+        "selector_vs_other_lookup", "selector_alone_vs_ar", "selector_alone_vs_ar_lo", "selector_alone_vs_ar_hi", "selector_tokens_per_second",
         "selector_block_efficiency", "offline_selector_vs_ar", "offline_oracle_vs_ar", "draft_acceptance",
         "collect_seconds_per_root")
 
@@ -92,7 +92,7 @@ def evaluate_headline(ev: dict) -> dict:
         "selector_vs_threshold_chain": _get(ev, "selector_vs_threshold_chain"),
         "selector_vs_adaptive_chain": _get(ev, "selector_vs_adaptive_chain"),
         "selector_vs_prompt_lookup": _get(ev, "selector_vs_prompt_lookup"),
-        "selector_vs_lookup_rule": _get(ev, "selector_vs_lookup_rule"),
+        "selector_vs_other_lookup": _get(ev, "selector_vs_other_lookup"),
         "selector_alone_vs_ar": _get(ev, "selector_alone_vs_ar"),
         "selector_alone_vs_ar_lo": _get(ev, "selector_alone_vs_ar_lo"),
         "selector_alone_vs_ar_hi": _get(ev, "selector_alone_vs_ar_hi"),

@@ -142,11 +142,11 @@ def test_evaluate_stage_writes_every_output(params, capsys):
         used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
         assert used <= {method, "autoregressive"}, used
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
-    # the headline policy is the selector with the learned lookup; the selector alone and with prompt lookup's rule
-    # are reported beside it
-    assert m["selector"]["policy"] == "selector:auto:learned_lookup" and m["selector"]["policy_alone"] == "selector:auto"
-    assert m["selector"]["policy_lookup_rule"] == "selector:auto:lookup"
-    primary = m["policies"]["selector:auto:learned_lookup"]
+    # the headline policy is the selector behind prompt lookup's rule (evaluate.headline_lookup's default); the
+    # selector alone and behind the learned lookup are reported beside it
+    assert m["selector"]["policy"] == "selector:auto:lookup" and m["selector"]["policy_alone"] == "selector:auto"
+    assert m["selector"]["policy_other_lookup"] == m["selector"]["policy_learned_lookup"] == "selector:auto:learned_lookup"
+    primary = m["policies"]["selector:auto:lookup"]
     assert m["selector_tps_vs_autoregressive"] == primary["tps_vs_autoregressive"]["value"]
     assert m["selector_alone_vs_ar"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
     # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
@@ -155,7 +155,7 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
     for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain"),
                      ("threshold_chain", "threshold_chain"), ("prompt_lookup", "prompt_lookup"),
-                     ("learned_lookup", "learned_lookup"), ("lookup_rule", "selector_lookup_rule")):
+                     ("learned_lookup", "learned_lookup"), ("other_lookup", "selector_other_lookup")):
         r = sel[f"tps_vs_{ref}"]
         assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
             r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
@@ -241,16 +241,29 @@ def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded
     assert off["best_static"] == max((f"static:{m}" for m in METHODS), key=lambda n: train_tps[n]["tps"])
 
 
-def test_the_lookup_rule_is_a_reference_only_beside_the_learned_lookup():
-    """A cascade decodes the selector with prompt lookup's rule as its headline: no ratio of it to itself."""
+def test_the_headline_lookup_decision_and_its_peer():
+    """evaluate.headline_lookup picks the headline among the selector's lookup policies; the other one is its peer,
+    and with only one of them (a cascade decodes no learned lookup) there is no ratio of the headline to itself."""
     from types import SimpleNamespace
 
-    from pipeline.evaluate import references
+    from pipeline.evaluate import references, selector_policies
 
     def policies(*names):
         return [SimpleNamespace(name=n, kind="selector") for n in names]
 
     off = {"best_static": "static:traversal"}
-    both = references(off, policies("selector:auto", "selector:auto:lookup", "selector:auto:learned_lookup"))
-    assert both["selector_lookup_rule"] == "selector:auto:lookup"
-    assert "selector_lookup_rule" not in references(off, policies("selector:auto", "selector:auto:lookup"))
+    both = policies("selector:auto", "selector:auto:lookup", "selector:auto:learned_lookup")
+    rule = selector_policies(both, "rule")
+    assert (rule["primary"], rule["other_lookup"], rule["alone"]) == (
+        "selector:auto:lookup", "selector:auto:learned_lookup", "selector:auto")
+    learned = selector_policies(both, "learned")
+    assert (learned["primary"], learned["other_lookup"]) == ("selector:auto:learned_lookup", "selector:auto:lookup")
+    assert references(off, both, "rule")["selector_other_lookup"] == "selector:auto:learned_lookup"
+    assert references(off, both, "learned")["selector_other_lookup"] == "selector:auto:lookup"
+    only_rule = policies("selector:auto", "selector:auto:lookup")
+    for choice in ("rule", "learned"):  # the learned lookup did not run: the rule is the headline either way
+        names = selector_policies(only_rule, choice)
+        assert names["primary"] == "selector:auto:lookup" and names["other_lookup"] is None
+        assert "selector_other_lookup" not in references(off, only_rule, choice)
+    alone = selector_policies(policies("selector:auto"), "rule")
+    assert alone["primary"] == "selector:auto" and alone["alone"] is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+HEADLINE_LOOKUPS = ("rule", "learned")  # evaluate.headline_lookup: which lookup decision the headline selector uses
+
 
 @dataclass
 class EvaluateConfig:
@@ -41,6 +43,10 @@ class EvaluateConfig:
     # the learned lookup (stage lookup's gate, decoding.lookup_gate: a lookup chain where its predicted Ê / T beats a
     # plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", the headline policy)
     learned_lookup: bool = True
+    # the headline policy: the selector behind prompt lookup's tuned rule ("rule") or behind the learned lookup
+    # ("learned"); the other is reported beside it (selector_vs_other_lookup). rule: in five paired comparisons the
+    # learned lookup read 0.92-1.06x the rule (docs/selector.md), no better than a rule with nothing to learn
+    headline_lookup: str = "rule"
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
     # the selector's step times corrected online by the decoder's measured ones (decoding.calibration). Off: in four
@@ -63,6 +69,8 @@ class EvaluateConfig:
 
         for m in [*self.methods, *self.selector_methods]:
             check_method_name(m)
+        if self.headline_lookup not in HEADLINE_LOOKUPS:
+            raise ValueError(f"headline_lookup must be one of {HEADLINE_LOOKUPS}, not {self.headline_lookup!r}")
         if self.prompts < 0 or self.max_new_tokens < 1 or self.bootstrap < 1:
             raise ValueError(f"prompts must be >= 0, max_new_tokens and bootstrap >= 1, not {self.prompts}, "
                              f"{self.max_new_tokens}, {self.bootstrap}")
