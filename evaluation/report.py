@@ -249,18 +249,18 @@ def headline(metrics: dict) -> str:
     if sel and alone:
         names = metrics.get("selector") or {}
         learned = names.get("policy_learned_lookup") == _selector_policy(metrics)  # the primary uses the learned gate
-        other = names.get("policy_other_lookup")
         if learned:
-            parts.append("It verifies a context lookup chain where the learned gate predicts more tokens per second "
-                         "than the trained selector's best choice, and follows the selector elsewhere: ")
+            how = ("where the learned gate predicts more tokens per second than the trained selector's best choice, "
+                   "and follows the selector elsewhere")
+            peer = "prompt lookup's rule"
         else:
-            parts.append("It verifies a context lookup chain where the text repeats itself (prompt lookup's tuned "
-                         "rule) and asks the trained selector elsewhere: ")
-        parts[-1] += f"{_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup decoding alone"
-        if other:
-            parts[-1] += (f", {_ci(sel.get('tps_vs_selector_other_lookup'))}x the selector behind "
-                          f"{'prompt lookup' + chr(39) + 's rule' if learned else 'the learned lookup'}")
-        parts[-1] += f"; the trained selector alone runs at {_ci(alone.get('tps_vs_autoregressive'))}x autoregressive."
+            how = "where the text repeats itself (prompt lookup's tuned rule) and asks the trained selector elsewhere"
+            peer = "the learned lookup"
+        vs_other = (f", {_ci(sel.get('tps_vs_selector_other_lookup'))}x the selector behind {peer}"
+                    if names.get("policy_other_lookup") else "")
+        parts.append(f"It verifies a context lookup chain {how}: {_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup "
+                     f"decoding alone{vs_other}; the trained selector alone runs at "
+                     f"{_ci(alone.get('tps_vs_autoregressive'))}x autoregressive.")
     if trav:
         parts.append(f"Traversal's best static ({trav.get('action')}) runs at {_ci(trav.get('tps_vs_autoregressive'))}x "
                      f"autoregressive with block efficiency {_ci(trav['block_efficiency'])}.")

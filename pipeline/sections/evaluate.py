@@ -12,8 +12,8 @@ class EvaluateConfig:
     """Stage evaluate: TEST prompts decoded end to end with every policy, the report and the findings
     (pipeline/evaluate.py, evaluation/online.py, evaluation/claims.py)."""
 
-    # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all); 20 (was 24) keeps a first
-    # dvc repro within 60 minutes, the intervals ~10% wider
+    # TEST trajectories whose prompts are decoded, each at its own sampling setting (0 = all); 20 (was 24) to shorten a
+    # first dvc repro (73 min measured in a slow phase: docs/selector.md), the intervals ~10% wider
     prompts: int = 20
     seeds: list[int] = field(default_factory=lambda: [0])  # decoding seeds per prompt (units = prompts x seeds)
     # tokens decoded per prompt: 96 (the trajectories' length) so the target prefill, which every policy pays
@@ -41,7 +41,7 @@ class EvaluateConfig:
     lookup_min_ngrams: list[int] = field(default_factory=lambda: [1])  # 1: the tuning's pick and the A/B's
     lookup_tune_max_new_tokens: int = 48
     # the learned lookup (stage lookup's gate, decoding.lookup_gate: a lookup chain where its predicted Ê / T beats a
-    # plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", the headline policy)
+    # plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", see headline_lookup)
     learned_lookup: bool = True
     # the headline policy: the selector behind prompt lookup's tuned rule ("rule") or behind the learned lookup
     # ("learned"); the other is reported beside it (selector_vs_other_lookup). rule: in five paired comparisons the

@@ -21,7 +21,7 @@ class TrajectoriesConfig:
     samples_per_prompt: int = 1  # trajectories per (prompt, setting) of the train/val/test prompts, each with its own seed
     # trajectories per DRAFT prompt (T = 1): the distillation data of train_draft. With 1 the adapter saw
     # ~15k positions and overfit them (acceptance 0.56 on its own prompts, 0.34 held out); 4 gave 0.40; 3 (~44k
-    # positions) keeps a first dvc repro within 60 minutes: the draft's sampling and teacher forcing were ~14 of them
+    # positions, 0.39) to shorten a first dvc repro, of which the draft's sampling and teacher forcing are ~14 minutes
     draft_samples_per_prompt: int = 3
     max_prompt_tokens: int = 512  # longer prompts keep their last tokens
     batch_size: int = 32  # rows sampled together (one setting, similar prompt lengths)
