@@ -4,7 +4,8 @@ Reads: params ``model.*``, ``trajectories.out``, ``train_draft.*`` and the traje
 trajectories). Writes: the artifact folder ``train_draft.out`` (adapter.safetensors + config.json; loaded
 as the draft spec ``self_draft:<out>``) and ``train_draft.metrics`` (metrics/draft.json). Steps:
 
-1. teacher force the stored trajectories (one forward per batch of sequences; nothing is sampled here):
+1. teacher force the stored trajectories on ``model.threads`` cores (one forward per batch of sequences;
+   nothing is sampled here):
    distillation records of the DRAFT split (training) and of the VAL split (validation). Validation uses
    the selector's VAL prompts rather than a held-out slice of the draft prompts: it only monitors
    (no checkpoint selection, no early stopping), so nothing of VAL leaks into the draft; it measures the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
@@ -73,6 +75,19 @@ def _continuations(trajectories):
                          continuations=[t.continuation_ids for t in trajectories])
 
 
+@contextmanager
+def _threads(n: int):
+    """torch's CPU threads set to ``n`` inside the block, restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _records(cfg, target, trajectories, split: str):
     """Distillation records of ``trajectories`` (teacher-forced) as (hidden, top_ids, top_logp)."""
     from models.draft_data import distillation_records
@@ -94,8 +109,9 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
 
     td = cfg.train_draft
     start = time.perf_counter()
-    train_rec = _records(cfg, target, trajectories["draft"], "draft")
-    val_rec = _records(cfg, target, trajectories["val"], "val")
+    with _threads(cfg.model.threads):  # forwards of the frozen target: every core helps
+        train_rec = _records(cfg, target, trajectories["draft"], "draft")
+        val_rec = _records(cfg, target, trajectories["val"], "val")
     records_seconds = time.perf_counter() - start
     vocab = target.get_output_embeddings().weight.shape[0]
     subset = rank_vocabulary(train_rec[1], train_rec[2], vocab, td.vocab_subset_size,
@@ -211,7 +227,8 @@ def run(cfg, args) -> int:
         facts = train(cfg, target, tokenizer, trajectories, progress=args.progress)
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
-    metrics = {**evaluate(cfg, target, tokenizer, trajectories["test"]), **facts}
+    with _threads(cfg.model.threads):  # measured as the decoder runs: on model.threads cores
+        metrics = {**evaluate(cfg, target, tokenizer, trajectories["test"]), **facts}
     write_json_atomic(metrics_path, metrics)
     if facts.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient

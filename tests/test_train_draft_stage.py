@@ -59,3 +59,20 @@ def test_mlflow_metric_names_flatten_the_breakdowns():
     }
     # MLflow accepts alphanumerics, underscores, dashes, periods, spaces, colons and slashes
     assert all(re.fullmatch(r"[\w\-. :/]+", name) for name in _mlflow_metrics(metrics))
+
+
+def test_threads_block_sets_and_restores_torch_threads():
+    """Teacher forcing runs on model.threads cores, the fit on train_draft.threads: the block restores the count
+    it found, also when its body raises."""
+    import torch
+
+    from pipeline.train_draft import _threads
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    with _threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), _threads(other):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before

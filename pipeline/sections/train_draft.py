@@ -33,7 +33,7 @@ class TrainDraftConfig:
     timing_context: int = 256  # context length of the step-time measurement
     timing_reps: int = 30
     seed: int = 0
-    threads: int = 1  # torch CPU threads (1 is faster than 2 when the cores are shared)
+    threads: int = 1  # torch CPU threads of the fit (1 is faster there); teacher forcing and TEST use model.threads
     out: str = "artifacts/draft"  # the artifact folder (adapter.safetensors + config.json)
     metrics: str = "metrics/draft.json"
     tracking_uri: str = "sqlite:///mlflow.db"  # MLflow store (git-ignored)
