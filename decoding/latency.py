@@ -398,14 +398,16 @@ class LatencyModel:
                           features: str | None = None) -> np.ndarray:
         """``[L, M * A]`` T of every (method, action) output, method-major: `step_seconds_at` plus each method's
         `verify_offset`."""
-        per = self.step_seconds_at(context_lengths, actions, features)  # [L, A]
-        return np.concatenate([per + self.verify_offset(m, actions)[None, :] for m in methods], axis=1)
+        return self._with_verify(self.step_seconds_at(context_lengths, actions, features), actions, methods)
 
     def output_seconds_matrix(self, context_lengths, actions: ActionSpace | Sequence[Action], methods: Sequence[str],
                               features: str | None = None) -> np.ndarray:
         """``[N, M * A]`` `output_seconds_at` at each root's context length."""
-        per = self.step_seconds_matrix(context_lengths, actions, features)  # [N, A]
-        return np.concatenate([per + self.verify_offset(m, actions)[None, :] for m in methods], axis=1)
+        return self._with_verify(self.step_seconds_matrix(context_lengths, actions, features), actions, methods)
+
+    def _with_verify(self, step_seconds: np.ndarray, actions, methods: Sequence[str]) -> np.ndarray:
+        """``[R, A]`` step seconds -> ``[R, M * A]``: each method's `verify_offset` added, method-major."""
+        return np.concatenate([step_seconds + self.verify_offset(m, actions)[None, :] for m in methods], axis=1)
 
     def step_seconds_matrix(self, context_lengths, actions: ActionSpace | Sequence[Action],
                             features: str | None = None) -> np.ndarray:

@@ -79,15 +79,14 @@ LOOKUP_TAG = "lookup"  # the suffix of a lookup step's action in the decode stat
 
 class FallbackHooks:
     """What a lookup policy forwards to its ``fallback`` selector (None: a plain step): ``observe_step`` only for the
-    steps the fallback chose (``_lookup_step`` is set by ``select``: a lookup step costs no draft forward and would
-    mislead an online calibration), and ``reset``."""
+    steps the fallback chose (not for a lookup step, ``timing.lookup``: it costs no draft forward and would mislead an
+    online calibration), and ``reset``."""
 
     fallback = None
-    _lookup_step = False
 
     def observe_step(self, action, context_length, timing) -> None:
         observe = getattr(self.fallback, "observe_step", None)
-        if callable(observe) and not self._lookup_step:
+        if callable(observe) and not timing.lookup:
             observe(action, context_length, timing)
 
     def reset(self) -> None:
@@ -118,7 +117,6 @@ class LookupFirst(FallbackHooks):
         fixed = static_action(self.fallback)
         self.uses_draft_model = fixed is None or fixed.tree_size > 0  # the decoder needs no draft model otherwise
         self.needs_hidden_states = needs_hidden_states(self.fallback)
-        self._lookup_step = False
         if callable(getattr(self.fallback, "refine", None)):
             self.refine = self.fallback.refine
 
@@ -127,8 +125,7 @@ class LookupFirst(FallbackHooks):
 
         found = propose(features.context, self.length, self.max_ngram, self.min_ngram) \
             if features.context is not None else None
-        self._lookup_step = found is not None  # a match starts before the suffix: a token always follows it
-        if self._lookup_step:
+        if found is not None:  # a match starts before the suffix: a token always follows it
             return Choice(Action(1, len(found.tokens), 0), self.method, found.tokens)
         return self.fallback.select(features)
 

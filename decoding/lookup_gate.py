@@ -235,7 +235,6 @@ class LearnedLookup(FallbackHooks):
         self.needs_hidden_states = needs_hidden_states(fallback) if fallback is not None else False
         extra = float(getattr(fallback, "inference_seconds", 0.0) or 0.0)
         self._prices = BlockMemo(lambda ls: self._price(ls, extra), 64, 512)  # context length -> (lookup [N], plain)
-        self._lookup_step = False
 
     def _price(self, lengths: np.ndarray, extra: float) -> list:
         ratio = None if self.gate.step_ratio is None else self.gate.step_ratio[: self.length]
@@ -248,7 +247,6 @@ class LearnedLookup(FallbackHooks):
         from .policy import Choice
 
         found = longest_repeat(features.context, self.length, self.gate.cap) if features.context is not None else None
-        self._lookup_step = False
         if found is None or features.p_prev is None:
             return self.fallback.select(features) if self.fallback is not None else Choice(AR_ACTION)
         h = features.memo.get("entropy_p_prev")
@@ -263,7 +261,6 @@ class LearnedLookup(FallbackHooks):
         else:
             choice, other = Choice(AR_ACTION), 1.0 / float(plain_seconds)
         if rate[best_n] > other:
-            self._lookup_step = True
             return Choice(Action(1, best_n + 1, 0), self.method, found.tokens[: best_n + 1])
         return choice
 

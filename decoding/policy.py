@@ -59,6 +59,7 @@ class StepTiming:
     draft_seconds: float  # the draft's forwards (its root step and the tree); 0 for a plain step
     target_seconds: float  # the target's tree pass, with the transform of its rows
     draft_catch_up: int = 1  # tokens the draft processed at the root: 1-2 in steady state, the prompt at first
+    lookup: bool = False  # the step verified a chain copied from the context (`decoding.lookup`): no draft forward
 
     @property
     def rest_seconds(self) -> float:

@@ -12,7 +12,7 @@ from decoding.actions import AUTOREGRESSIVE, Action
 from decoding.engine import SpeculativeDecoder
 from decoding.exact import TablePair, chained_law, law_distance, target_law, tree_p_rows, with_cache
 from decoding.lookup import LOOKUP_TAG, LookupFirst, Proposal, lookup_tree, propose
-from decoding.policy import Choice, StaticPolicy
+from decoding.policy import Choice, StaticPolicy, StepTiming
 from decoding.sampling import Sampling
 from decoding.verifiers import METHODS, get_method
 
@@ -122,10 +122,10 @@ def test_lookup_first_proposes_or_asks_its_fallback():
     policy = LookupFirst(spy, length=2, max_ngram=2, method="naive")
     choice = policy.select(_Features([4, 5, 6, 4, 5]))
     assert choice == Choice(Action(1, 2, 0), "naive", (6, 4))
-    policy.observe_step(choice.action, 4, None)
+    policy.observe_step(choice.action, 4, StepTiming(0.1, 0.0, 0.1, lookup=True))
     assert spy.asked == 0 and spy.observed == 0  # a lookup step is not the fallback's
     assert policy.select(_Features([4, 5, 6])) == Choice(Action(2, 0, 1), "traversal")
-    policy.observe_step(Action(2, 0, 1), 2, None)
+    policy.observe_step(Action(2, 0, 1), 2, StepTiming(0.2, 0.1, 0.1))
     assert spy.asked == 1 and spy.observed == 1
     plain = LookupFirst(None, length=2)
     assert plain.select(_Features([1, 2, 3])) == Action(1, 0, 0) and not plain.needs_draft
@@ -168,7 +168,8 @@ def test_sampled_lookup_steps_keep_both_caches_whole():
     kinds = set()
     for _ in range(25):
         res = decoder.step(state, policy, verifier, Sampling(1.0), rng, stats, clock)
-        kinds.add(res.action.tree_size > 0 and policy._lookup_step)
+        kinds.add(res.lookup)
+        assert not res.lookup or res.action.tree_size > 0
         assert len(state.kv_t) == len(state.prompt) + len(state.out) - 1
     assert kinds == {True, False}  # both kinds of step happened
     q_root, _ = decoder.draft_root(state, Sampling(1.0), False)

@@ -27,7 +27,7 @@ from decoding.lookup_gate import (
     longest_repeat,
     lookup_step_seconds,
 )
-from decoding.policy import Choice, RootFeatures, StaticPolicy
+from decoding.policy import Choice, RootFeatures, StaticPolicy, StepTiming
 from decoding.sampling import Sampling
 
 # ---------------------------------------------------------------- the proposal
@@ -203,7 +203,8 @@ def test_the_policy_weighs_the_lookup_chain_against_the_fallback():
     assert policy.select(_root(context)) == Choice(Action(2, 0, 1), "specinfer")
     # no repeat: the fallback alone decides (and is told about its step)
     assert policy.select(_root([1, 2, 3])) == Choice(Action(2, 0, 1), "specinfer")
-    policy.observe_step(Action(2, 0, 1), 3, None)
+    policy.observe_step(Action(2, 0, 1), 3, StepTiming(0.2, 0.1, 0.1))
+    policy.observe_step(Action(1, 4, 0), 3, StepTiming(0.1, 0.0, 0.1, lookup=True))  # a lookup step: not its own
     assert strong.observed == [Action(2, 0, 1)]
 
 

@@ -207,7 +207,8 @@ class SpeculativeDecoder:
         observe = getattr(policy, "observe_step", None)
         if callable(observe):  # e.g. the online calibration of the latency model (decoding.calibration)
             observe(action, context_length, StepTiming(clock.now() - start, stats.time_draft - parts_before[0],
-                                                       stats.time_target - parts_before[1], catch_up))
+                                                       stats.time_target - parts_before[1], catch_up,
+                                                       lookup=proposal is not None))
         return StepResult(action, method, new, features, proposal is not None)
 
     def _choose(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None,
