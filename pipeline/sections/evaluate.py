@@ -16,9 +16,10 @@ class EvaluateConfig:
     # first dvc repro (73 min measured in a slow phase: docs/selector.md), the intervals ~10% wider
     prompts: int = 20
     seeds: list[int] = field(default_factory=lambda: [0])  # decoding seeds per prompt (units = prompts x seeds)
-    # tokens decoded per prompt: 96 (the trajectories' length) so the target prefill, which every policy pays
-    # alike, and the draft's own prefill weigh in a run as they do in real generations (at 32 they were ~15%)
-    max_new_tokens: int = 96
+    # tokens decoded per prompt: long enough that the target prefill, which every policy pays alike, and the draft's
+    # own prefill weigh in a run about as in real generations (at 32 they were ~15%); 72 (was 96, the trajectories'
+    # length) for a first dvc repro within 60 minutes in a slow phase of this machine (docs/selector.md)
+    max_new_tokens: int = 72
     # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is
     # always included (the reference), and so is the best static of every collected method (``best_static``)
     methods: list[str] = field(default_factory=lambda: ["traversal"])
