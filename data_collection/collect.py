@@ -106,10 +106,13 @@ class RootCollector:
         self.children = children_lists(self.parents)
 
     @torch.inference_mode()
-    def prefill(self, model: torch.nn.Module, seq: list[int]) -> tuple[KVState, torch.Tensor, torch.Tensor]:
-        """One causal pass over ``seq``: its cache, logits ``[n, V']`` and last-layer hidden states ``[n, H]``."""
+    def prefill(self, model: torch.nn.Module, seq: list[int], rows: list[int] | None = None
+                ) -> tuple[KVState, torch.Tensor, torch.Tensor]:
+        """One causal pass over ``seq``: its cache, logits ``[n, V']`` and last-layer hidden states ``[n, H]``;
+        with ``rows`` both only at those positions (the head skips the rest: a prefill of a few hundred tokens
+        needs the rows of its few roots)."""
         kv = KVState(model)
-        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True)
+        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True, rows=rows)
         return kv, logits, hidden
 
     @torch.inference_mode()
@@ -117,21 +120,21 @@ class RootCollector:
         """Both prefills and the raw features of every root (float32 hidden states, float64 rows)."""
         if min(positions) < 1 or max(positions) >= len(seq):
             raise ValueError(f"root positions must lie in [1, {len(seq) - 1}], got {positions}")
-        last = max(positions)
+        last, n = max(positions), len(positions)
+        prev = [r - 1 for r in positions]
         t0 = time.perf_counter()
-        kv_t, p_logits, h_p = self.prefill(self.target, seq[:last])  # context of the last root
+        kv_t, p_logits, h_p = self.prefill(self.target, seq[:last], prev)  # context of the last root; [R, .]
         t1 = time.perf_counter()
-        kv_d, q_logits, h_q = self.prefill(self.draft, seq[: last + 1])  # ... plus its root
+        kv_d, q_logits, h_q = self.prefill(self.draft, seq[: last + 1], prev + positions)  # ... plus its root; [2R, .]
         t2 = time.perf_counter()
-        prev = torch.tensor([r - 1 for r in positions])
         return {
             "kv_t": kv_t, "kv_d": kv_d, "seconds": {"target": t1 - t0, "draft": t2 - t1},
-            "p_prev": prob_rows(p_logits[prev], sampling, self.vocab_size),  # [R, V]
-            "q_prev": prob_rows(q_logits[prev], sampling, self.vocab_size),  # [R, V]
-            "q_root": prob_rows(q_logits[prev + 1], sampling, self.vocab_size),  # [R, V]
-            "h_p_prev": hidden_numpy(h_p[prev]),  # [R, H_p]
-            "h_q_prev": hidden_numpy(h_q[prev]),  # [R, H_q]
-            "h_q_root": hidden_numpy(h_q[prev + 1]),  # [R, H_q]
+            "p_prev": prob_rows(p_logits, sampling, self.vocab_size),  # [R, V]
+            "q_prev": prob_rows(q_logits[:n], sampling, self.vocab_size),  # [R, V]
+            "q_root": prob_rows(q_logits[n:], sampling, self.vocab_size),  # [R, V]
+            "h_p_prev": hidden_numpy(h_p),  # [R, H_p]
+            "h_q_prev": hidden_numpy(h_q[:n]),  # [R, H_q]
+            "h_q_root": hidden_numpy(h_q[n:]),  # [R, H_q]
             "e_root": input_embeddings(self.target, [seq[r] for r in positions]),  # [R, H_p]
         }
 

@@ -64,9 +64,9 @@ def lookup_labels(target: torch.nn.Module, seq: list[int], positions: list[int],
         raise ValueError(f"root positions must lie in [1, {len(seq) - 1}], got {positions}")
     last = max(positions)
     kv = KVState(target)
-    logits, _ = forward_nodes(kv, seq[:last], list(range(last)), causal_allowed(0, last))
-    prev = torch.tensor([r - 1 for r in positions])
-    h_prev = entropy(prob_rows(logits[prev], sampling, vocab_size))  # [R]
+    logits, _ = forward_nodes(kv, seq[:last], list(range(last)), causal_allowed(0, last),
+                              rows=[r - 1 for r in positions])  # [R, V']: the head skips the other positions
+    h_prev = entropy(prob_rows(logits, sampling, vocab_size))  # [R]
     del logits
     found = [longest_repeat(seq[: r + 1], length, cap) for r in positions]
     accept = np.full((len(positions), length), np.nan)

@@ -122,6 +122,13 @@ class ResidualAdapter(nn.Module):
         return h + self.down(nn.functional.silu(self.up(self.norm(h))))
 
 
+def _keep_positions(h: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    """``h`` [B, n, H] at the positions HF's ``logits_to_keep`` names (0 = all, int k = the last k, 1D tensor = those)."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        return h[:, logits_to_keep.to(h.device)]
+    return h[:, -logits_to_keep:] if logits_to_keep else h
+
+
 class _Output:
     """The call convention's return value: ``.logits``, ``.past_key_values`` (alias ``.cache``), ``.hidden_states``."""
 
@@ -216,31 +223,35 @@ class SelfDraft(nn.Module):
             self._lean = LeanLayers(self.layers)
         return self._lean if self._lean.applies(h) else None
 
-    def head_logits(self, h: torch.Tensor, return_hidden: bool = False):
-        """Subset logits [..., N] from hidden states after layer k [..., H] (and the normed hidden state).
+    def head_logits(self, h: torch.Tensor, return_hidden: bool = False, logits_to_keep=0):
+        """Subset logits [..., N] from hidden states after layer k [..., H] (and the normed hidden state, at every
+        position); with ``logits_to_keep`` (``h`` [B, n, H]; see `forward`) the logits of those positions only.
         (On a target split over GPUs the shared layers and the adapter/head may sit on different devices:
         the hidden states follow the adapter; a no-op on one device.)"""
         h = self.final_norm(self.adapter(h.to(self.device)))  # [..., H]
-        z = self.head(h.to(self.device))
+        z = self.head(_keep_positions(h, logits_to_keep).to(self.device))
         return (z, h) if return_hidden else z
 
     def subset_logits(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                      use_cache=True, cache=None, output_hidden_states=False):
-        """Like `forward` but returns ``(logits over S [B, n, N], cache)`` (+ hidden states when asked)."""
+                      use_cache=True, cache=None, output_hidden_states=False, logits_to_keep=0):
+        """Like `forward` but returns ``(logits over S [B, n', N], cache)`` (+ hidden states of all n positions
+        when asked); ``logits_to_keep`` as in `forward`."""
         cache = cache if cache is not None else past_key_values
         if use_cache and cache is None:
             from transformers import DynamicCache
 
             cache = DynamicCache()
         h = self.hidden_after_layers(input_ids, attention_mask, position_ids, cache, use_cache)
-        z, last = self.head_logits(h, return_hidden=True)
+        z, last = self.head_logits(h, return_hidden=True, logits_to_keep=logits_to_keep)  # [B, n', N], [B, n, H]
         return (z, cache, (h, last)) if output_hidden_states else (z, cache)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
-                cache=None, output_hidden_states=False, **_ignored) -> _Output:
-        """HF call convention; ``.hidden_states`` (with ``output_hidden_states``) is (after layer k, final)."""
+                cache=None, output_hidden_states=False, logits_to_keep=0, **_ignored) -> _Output:
+        """HF call convention; ``.hidden_states`` (with ``output_hidden_states``) is (after layer k, final), of
+        every position. ``logits_to_keep`` (HF's): 0 = logits at every position, an int k > 0 = at the last k, a
+        1D tensor = at those positions (the head, the costly part, runs on those rows only)."""
         z, cache, *hidden = self.subset_logits(input_ids, attention_mask, position_ids, past_key_values,
-                                               use_cache, cache, output_hidden_states)
+                                               use_cache, cache, output_hidden_states, logits_to_keep)
         logits = z.new_full((*z.shape[:-1], self.config_draft.vocab_size), float("-inf"))  # [B, n, V]
         logits[..., self.vocab_subset] = z
         return _Output(logits, cache, hidden[0] if hidden else None)

@@ -24,7 +24,7 @@ COMMANDS = {
     "collect": ("pipeline.collect", "features + measured block efficiency at every root of the trajectories "
                                     "(stage collect)"),
     "lookup": ("pipeline.lookup", "exact labels of context lookup chains at every root; fit the learned lookup gate "
-                                  "(stage lookup)"),
+                                  "(opt-in, not in dvc.yaml; then evaluate.learned_lookup)"),
     "train": ("pipeline.train", "train the branching-point selector on the collected dataset (stage train)"),
     "export": ("pipeline.export", "export the trained selector to ONNX + sidecar, check parity, register it "
                                   "(stage export)"),

@@ -1,4 +1,6 @@
-"""``branchpoint lookup``: stage lookup, exact labels of context lookup chains and the learned lookup gate.
+"""``branchpoint lookup``: exact labels of context lookup chains and the learned lookup gate (an opt-in stage, not in
+dvc.yaml: it cost a first `dvc repro` ~5 minutes and the learned lookup tied prompt lookup's rule; run it, then
+``evaluate --set evaluate.learned_lookup=true``).
 
 Reads: the trajectories (``trajectories.out``; splits ``lookup.splits``), the target (``model.*``; no draft: a lookup
 chain is verified without one), the latency profile (``profile.out``, pricing the offline comparison) and params

@@ -126,6 +126,33 @@ def _clone(kv: KVState) -> KVState:
     return out
 
 
+@pytest.mark.parametrize("kind", ["llama", "self_draft"])
+def test_rows_give_those_rows_of_a_full_forward(kind):
+    """``forward_nodes(rows=...)`` (collect's and lookup's prefills: only the roots' rows) returns exactly those
+    rows of logits and hidden states, in the given order, whether the head skips the others (HF models and the
+    self-draft take ``logits_to_keep``) or not; the cache holds every token either way."""
+    from decoding.engine.tree_pass import causal_allowed
+    from models.self_draft import SelfDraft, SelfDraftConfig
+
+    model = _small("llama", "sdpa")
+    if kind == "self_draft":
+        model = SelfDraft(model, SelfDraftConfig(layers=2, adapter_width=16, vocab_subset_size=0),
+                          vocab_subset=torch.arange(0, V, 2))
+        with torch.no_grad():
+            model.adapter.down.weight.normal_(0, 0.1)
+        model.eval()
+    tokens = torch.randint(0, V, (11,)).tolist()
+    rows = [9, 2, 5]
+    with torch.inference_mode():
+        kv_all, kv_rows = KVState(model), KVState(model)
+        assert kv_rows.keeps_logits
+        full, h_full = forward_nodes(kv_all, tokens, list(range(11)), causal_allowed(0, 11), True)
+        some, h_some = forward_nodes(kv_rows, tokens, list(range(11)), causal_allowed(0, 11), True, rows=rows)
+    assert some.shape == (3, full.shape[1]) and h_some.shape == (3, h_full.shape[1])
+    assert torch.allclose(some, full[rows], atol=ATOL) and torch.allclose(h_some, h_full[rows], atol=ATOL)
+    assert len(kv_rows) == len(kv_all) == 11
+
+
 def test_bool_mask_is_never_used():
     """The engine's masks are additive floats of the model dtype (boolean 4D masks break eager)."""
     from decoding.engine.tree_pass import attention_mask

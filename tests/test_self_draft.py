@@ -67,6 +67,21 @@ def test_call_convention_and_zero_outside_subset(target):
     assert torch.equal(sub, out.logits[..., SUBSET])
 
 
+def test_logits_to_keep_computes_only_the_kept_positions(target):
+    """HF's ``logits_to_keep``: an int keeps the last positions, a 1D tensor those positions (in its order,
+    repeats allowed); the rows equal the full forward's, and the hidden states still cover every position."""
+    draft = make_draft(target)
+    ids = torch.randint(0, TINY_VOCAB, (1, 9))
+    full = draft(input_ids=ids, use_cache=False, output_hidden_states=True)
+    last = draft(input_ids=ids, use_cache=False, logits_to_keep=2).logits
+    rows = torch.tensor([6, 0, 3, 3])
+    some = draft(input_ids=ids, use_cache=False, output_hidden_states=True, logits_to_keep=rows)
+    assert last.shape == (1, 2, TINY_VOCAB) and some.logits.shape == (1, 4, TINY_VOCAB)
+    assert torch.allclose(last[..., SUBSET], full.logits[:, -2:, SUBSET], atol=1e-6)
+    assert torch.allclose(some.logits[..., SUBSET], full.logits[:, rows][..., SUBSET], atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(some.hidden_states, full.hidden_states, strict=True))
+
+
 def test_cache_matches_full_forward(target):
     draft = make_draft(target)
     ids = torch.randint(0, TINY_VOCAB, (1, 9))

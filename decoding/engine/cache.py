@@ -65,16 +65,25 @@ class KVState:
     def __len__(self) -> int:
         return len(self.positions)
 
+    @property
+    def keeps_logits(self) -> bool:
+        """Whether the model's head skips the positions ``forward``'s ``last_logits`` / ``logits_rows`` leave out
+        (then its logits hold only the kept rows); otherwise they cover every position."""
+        return self._keeps
+
     def forward(self, input_ids: torch.Tensor, position_ids: list[int], attention_mask,
-                output_hidden_states: bool = False, last_logits: int = 0):
+                output_hidden_states: bool = False, last_logits: int = 0, logits_rows: list[int] | None = None):
         """Run the model on ``input_ids`` ``[n]`` appended after the cached slots; returns the HF output.
 
         ``attention_mask`` is an additive float mask ``[1, 1, n, S + n]`` (or a dict of them per layer
         type) built by `decoding.engine.tree_pass`. ``last_logits > 0``: the output's logits cover only
-        the last ``last_logits`` positions (the head is skipped elsewhere when the model allows it)."""
+        the last ``last_logits`` positions; ``logits_rows``: only those positions, in that order (in both
+        cases where `keeps_logits`: the head is skipped elsewhere)."""
         pos = torch.tensor(position_ids, dtype=torch.long, device=self.device)[None]  # [1, n]
         kwargs = {self._kwarg: self.cache}
-        if last_logits and self._keeps:
+        if self._keeps and logits_rows is not None:
+            kwargs["logits_to_keep"] = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        elif last_logits and self._keeps:
             kwargs["logits_to_keep"] = last_logits
         out = self.model(input_ids=input_ids[None], attention_mask=attention_mask, position_ids=pos,
                          use_cache=True, output_hidden_states=output_hidden_states, **kwargs)

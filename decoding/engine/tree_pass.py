@@ -81,17 +81,24 @@ def attention_mask(kv: KVState, allowed: np.ndarray, query_positions: list[int])
 
 
 def forward_nodes(kv: KVState, tokens, positions: list[int], allowed: np.ndarray,
-                  output_hidden_states: bool = False, last: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  output_hidden_states: bool = False, last: int = 0,
+                  rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Feed ``tokens`` ``[n]`` with ``positions`` and mask ``allowed`` ``[n, S + n]``; they are appended
     to the cache. Returns ``(logits [n, V'], last-layer hidden states [n, H] or None)``; with
-    ``last > 0`` only the last ``last`` rows of both (the head skips the other positions)."""
+    ``last > 0`` only the last ``last`` rows of both, with ``rows`` (indices into the n tokens) only those
+    rows, in that order (either way the head skips the other positions where the model allows it)."""
     ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=kv.device)  # [n]
     mask = attention_mask(kv, allowed, positions)
     last = min(last, len(positions))
-    out = kv.forward(ids, list(positions), mask, output_hidden_states=output_hidden_states, last_logits=last)
+    out = kv.forward(ids, list(positions), mask, output_hidden_states=output_hidden_states, last_logits=last,
+                     logits_rows=rows)
     logits = out.logits[0]
     hidden = out.hidden_states[-1][0] if output_hidden_states else None
-    if last:
+    if rows is not None:
+        index = torch.as_tensor(rows, dtype=torch.long, device=logits.device)
+        logits = logits if kv.keeps_logits else logits[index]
+        hidden = hidden[index.to(hidden.device)] if hidden is not None else None
+    elif last:
         logits = logits[-last:]
         hidden = hidden[-last:] if hidden is not None else None
     return logits, hidden

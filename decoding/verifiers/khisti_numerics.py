@@ -98,13 +98,22 @@ def _radix_argsort(bits, order, keys, tmp_keys, tmp_order):
 
 
 def hinted_sort(st: dict[str, np.ndarray]) -> None:
-    """Sort the tokens ``st["order"]`` by ``st["key"]``, ties by token id, carrying ``st``'s "p", "q1",
-    "q2" along (all [V], in place). The given order should be nearly sorted (the previous stage's):
-    an insertion sort then moves each misplaced token past a few neighbours. If that takes more than
-    4 V moves, a full lexicographic sort finishes the job (same result)."""
+    """Sort the tokens ``st["order"]`` (a permutation of the V token ids) by ``st["key"]``, ties by token id,
+    carrying ``st``'s "p", "q1", "q2" along (all [V], in place). The given order should be nearly sorted (the
+    previous stage's): an insertion sort then moves each misplaced token past a few neighbours. If that takes
+    more than 4 V moves, a full sort finishes the job (same result): the records in token-id order, then the
+    stable radix argsort of their keys (ties stay in token order; ~5x faster than ``np.lexsort`` at V = 49k,
+    where the collect stage's Khisti labels spent most of their time)."""
     arrays = [st[name] for name in ("key", "order", "p", "q1", "q2")]
-    if not _insertion_sort(*arrays, 4 * arrays[0].shape[0]):
-        perm = np.lexsort((arrays[1], arrays[0]))
+    V = arrays[0].shape[0]
+    if not _insertion_sort(*arrays, 4 * V):
+        by_token = np.empty(V, dtype=np.int64)
+        by_token[arrays[1]] = np.arange(V)  # the record of each token id
+        keys = arrays[0][by_token] + 0.0  # in token-id order; -0.0 -> 0.0 (equal keys, as comparisons see them)
+        rank = np.empty(V, dtype=np.int64)
+        _radix_argsort(keys.view(np.uint64), rank, np.empty(V, dtype=np.uint64), np.empty(V, dtype=np.uint64),
+                       np.empty(V, dtype=np.int64))
+        perm = by_token[rank]
         for a in arrays:
             a[:] = a[perm]
 

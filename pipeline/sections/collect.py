@@ -13,9 +13,10 @@ class CollectConfig:
     methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer", "spectr", "khisti",
                                                         "naive_tree", "nss", "gbv"])
     num_trees: int = 4  # s: union trees per root; the label is their mean (ALGORITHMS.md section 4)
-    # a root every root_stride continuation tokens; 20 (was 16: 80% of the roots) for a first dvc repro within 60
-    # minutes in a slow phase; the learning curve: offline 1.106x autoregressive at half the roots, 1.124x at all
-    root_stride: int = 20
+    # a root every root_stride continuation tokens; 24 (was 20, and 16 before) for a first dvc repro within 60 minutes
+    # in a slow phase of the 2-core machine (1.1 s per root; ~1,040 roots); the learning curve: offline 1.106x
+    # autoregressive at half the roots, 1.124x at all (docs/selector.md)
+    root_stride: int = 24
     max_roots_per_trajectory: int = 0  # 0 = no cap
     shard_size: int = 8  # trajectories per Parquet shard (the unit of resumption)
     seed: int = 0

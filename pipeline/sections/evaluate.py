@@ -23,7 +23,10 @@ class EvaluateConfig:
     # methods decoded with their best static action (chosen on TRAIN roots); [] = collect.methods. traversal is
     # always included (the reference), and so is the best static of every collected method (``best_static``)
     methods: list[str] = field(default_factory=lambda: ["traversal"])
-    chain: bool = True  # chain speculative decoding (naive on K = 1) with its best static length
+    # chain speculative decoding (naive on K = 1) with its best static length. Off by default: the best static action
+    # (over the whole grid, chains included) is the static peer, and the chain read below it in every run (stop 30:
+    # 1.02x vs 1.08x autoregressive); each policy costs ~2 minutes of a first dvc repro on 2 cores
+    chain: bool = False
     adaptive_chain: bool = True  # the acceptance-tracking chain length (decoding.policy.AdaptiveChain), naive
     # the confidence-threshold chain of HF assisted generation (decoding.threshold_chain), naive, with N (tune_lengths)
     # and the threshold (tune_thresholds) of the highest tokens/s on tune_prompts TRAIN prompts (tune_max_new_tokens)
@@ -41,9 +44,12 @@ class EvaluateConfig:
     lookup_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 6])
     lookup_min_ngrams: list[int] = field(default_factory=lambda: [1])  # 1: the tuning's pick and the A/B's
     lookup_tune_max_new_tokens: int = 48
-    # the learned lookup (stage lookup's gate, decoding.lookup_gate: a lookup chain where its predicted Ê / T beats a
-    # plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", see headline_lookup)
-    learned_lookup: bool = True
+    # the learned lookup (the gate of `branchpoint lookup`, decoding.lookup_gate: a lookup chain where its predicted
+    # Ê / T beats a plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", see
+    # headline_lookup). Opt-in, outside dvc.yaml: run `branchpoint lookup` first. Off by default: in six paired
+    # comparisons it read 0.92-1.06x prompt lookup's rule, and it cost a first dvc repro ~10 minutes (the stage and
+    # two policies; docs/selector.md)
+    learned_lookup: bool = False
     # the headline policy: the selector behind prompt lookup's tuned rule ("rule") or behind the learned lookup
     # ("learned"); the other is reported beside it (selector_vs_other_lookup). rule: in five paired comparisons the
     # learned lookup read 0.92-1.06x the rule (docs/selector.md), no better than a rule with nothing to learn
