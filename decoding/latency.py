@@ -12,8 +12,9 @@ Terms:
 - *feature cost* ``feature_seconds``: computing the section-5 scalars at one root from ``[V]`` rows
   already on the CPU.
 - *step overhead* ``step_overhead``: what a whole decoding step of our engine costs beyond its forwards
-  (verification, sampling, pruning both caches, bookkeeping), measured by decoding with the engine and
-  subtracting the forwards' modelled times: ``plain`` for a step with no tree, ``speculative + per_forward *
+  (verification, sampling, pruning both caches, bookkeeping), measured by decoding with the engine, dividing
+  each round of decodes by how much slower than the tables the machine ran (its target passes' measured over
+  modelled seconds) and subtracting the forwards' modelled times: ``plain`` for a step with no tree, ``speculative + per_forward *
   draft_forwards + per_node * tree_size`` for a step that drafted a tree
   (`data_collection.step_overhead.measure_step_overhead`). It also absorbs what the isolated grid timings get
   wrong about the same forwards inside the loop (a draft forward timed right after a 40-token target pass
@@ -24,7 +25,7 @@ Terms:
   forwards misses (on the 2-core CPU a 2-token target pass read slower than a 4-token one, and a one-row draft
   step right after a long target pass 40% slower than in the loop), so a fit over 8 shapes left residuals of
   -9 ms for 1,0,1 and -1 ms for 3,0,1 around its constant, enough to reverse which of the two a selector or the
-  best static picks. Each measured shape's own mean (about 115 steps, standard error under 1 ms) prices it as
+  best static picks. Each measured shape's own mean (60-120 steps over four rounds; the plain step ~370) prices it as
   the engine runs it.
 - *verification cost* ``verify_seconds``: ``{method: {"K,L1,L2": seconds}}``, one `VerificationMethod.verify` call
   on that shape's tree with rows of the pair's vocabulary (`data_collection.verify_cost`). The step overhead

@@ -123,6 +123,11 @@ def run(cfg, args) -> int:
           f"{o['speculative'] * 1e3:.2f} + {o['per_forward'] * 1e3:.2f} per draft forward + "
           f"{o['per_node'] * 1e3:.3f} per tree node; measured shapes: " + ", ".join(
               f"{a} {v * 1e3:+.1f}" for a, v in model.action_overhead.items()))
+    rows = model.meta.get("step_overhead_by_action", {}).values()
+    if rows:  # how much slower than the tables the machine ran while the overhead was measured
+        factors = [r["speed_factor"] for r in rows]
+        print(f"the machine ran {min(factors):.3f}-{max(factors):.3f}x the tables' time while the overhead was "
+              "measured (divided out)")
     if model.verify_seconds:
         shown = [a for a in ("2,0,1", "3,0,1", "1,1,0", "2,1,2") if a in model.verify_seconds.get("traversal", {})]
         print("verification (ms): " + "; ".join(

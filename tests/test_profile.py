@@ -64,6 +64,33 @@ def test_step_overhead_is_what_whole_engine_steps_cost_beyond_the_modelled_forwa
 
 
 
+def test_step_overhead_divides_out_a_machine_that_ran_slower_than_the_tables():
+    """A round decoded while the machine ran 1.5x slower (every forward and the work beyond them alike) reads the
+    same overhead as one at the tables' speed; what differs between shapes stays. Without the speed factor the slow
+    round adds half of every modelled step to the residuals (the profiles whose fit priced every tree above a plain
+    step)."""
+    from data_collection.step_overhead import TimedStep, fit_step_overhead, speed_factors
+
+    m = LatencyModel(contexts=[4, 64], draft_rows=[1, 2], draft_seconds=np.full((2, 2), 4e-3),
+                     target_tokens=[1, 2, 3], target_seconds=np.array([[20e-3, 24e-3, 27e-3], [30e-3, 34e-3, 37e-3]]),
+                     feature_seconds=1e-5)
+    beyond = {Action(1, 0, 0): 1e-3, Action(1, 0, 1): 3e-3, Action(2, 0, 1): 5e-3}  # the truth, at table speed
+    steps = []
+    for rnd, slow in enumerate((1.0, 1.5)):
+        for a, extra in beyond.items():
+            for ctx in (10, 30, 50):
+                t_p = float(m.t_p(ctx, 1 + a.tree_size))
+                total = float(m.step_seconds(ctx, [a])[0]) + extra
+                steps.append(TimedStep(rnd, a, ctx, slow * total, slow * t_p))
+    assert speed_factors(steps, m) == pytest.approx({0: 1.0, 1: 1.5})
+    overhead, by_action = fit_step_overhead(steps, m, list(beyond))
+    for a, extra in beyond.items():
+        assert by_action[str(a)]["overhead_ms"] == pytest.approx(extra * 1e3)
+        assert by_action[str(a)]["speed_factor"] == pytest.approx(1.25)
+        assert by_action[str(a)]["measured_ms"] > by_action[str(a)]["at_table_speed_ms"]  # raw times kept
+    assert overhead["plain"] == pytest.approx(1e-3) and overhead["speculative"] == pytest.approx(4e-3)
+
+
 def test_step_overhead_without_a_tree_less_or_a_speculative_action_fails_clearly(pair, one_thread):
     """The fit needs both kinds of step: the clear error comes before any decoding (and any fit matrix)."""
     from data_collection.step_overhead import measure_step_overhead

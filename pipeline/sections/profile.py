@@ -17,9 +17,9 @@ class ProfileConfig:
     repeats: int = 5  # timed rounds per grid cell (the profile holds their median)
     warmup: int = 2  # untimed rounds first (with 1 the first context's draft steps read 40% slow)
     feature_repeats: int = 50  # timed runs of the feature computation
-    # tokens decoded (2 seeds, the actions interleaved) with each of 9 static actions to measure the step overhead
+    # tokens decoded (4 rounds, the actions interleaved) with each of 9 static actions to measure the step overhead
     # beyond the forwards (verification, sampling, cache pruning: data_collection.step_overhead); 0 = charge none
-    overhead_tokens: int = 64
+    overhead_tokens: int = 32
     # timed verify calls per (method, shape of the action grid) on trees of the pair's own rows (the median is kept:
     # data_collection.verify_cost); the step overhead is Traversal's, so this prices the other methods; 0 = none
     verify_repeats: int = 5
