@@ -169,6 +169,21 @@ def methods_table(pair, draft, prompts: list[list[int]], new_tokens: int, temper
     return rows
 
 
+def draft_vs_target(pair, stock, packed_draft, stock_draft, timing_note: str, context: list[int], reps: int) -> dict:
+    """Draft step / target step: packed, packed with the self-draft's shared layers through HF's modules
+    (models/lean_layers.py off), and stock."""
+    hf_layers = {}
+    if hasattr(packed_draft, "lean"):
+        packed_draft.lean = False
+        hf_layers = {"packed_hf_layers": step_times(pair.target, packed_draft, context, pair.vocab_size, reps)}
+        packed_draft.lean = True
+    out = {"draft": timing_note, "packed": step_times(pair.target, packed_draft, context, pair.vocab_size, reps),
+           **hf_layers, "stock": step_times(stock, stock_draft, context, pair.vocab_size, reps)}
+    print("draft step / target step: " + ", ".join(
+        f"{k} {v['step_time_ratio']:.3f}" for k, v in out.items() if k != "draft"), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens, prompts and repetitions")
@@ -210,17 +225,8 @@ def main() -> None:
                                 "stock": step_split(stock, stock_draft, pair.vocab_size, context, action, reps)}
         print("step split (ms): " + json.dumps(result["step_split"]), flush=True)
     if "draft" not in skip:
-        hf_layers = {}
-        if hasattr(packed_draft, "lean"):  # the self-draft's shared layers through HF's modules (models/lean_layers.py off)
-            packed_draft.lean = False
-            hf_layers = {"packed_hf_layers": step_times(pair.target, packed_draft, context, pair.vocab_size, reps * 2)}
-            packed_draft.lean = True
-        result["draft_vs_target"] = {"draft": timing_note,
-                                     "packed": step_times(pair.target, packed_draft, context, pair.vocab_size, reps * 2),
-                                     **hf_layers,
-                                     "stock": step_times(stock, stock_draft, context, pair.vocab_size, reps * 2)}
-        print("draft step / target step: " + ", ".join(
-            f"{k} {v['step_time_ratio']:.3f}" for k, v in result["draft_vs_target"].items() if k != "draft"), flush=True)
+        result["draft_vs_target"] = draft_vs_target(pair, stock, packed_draft, stock_draft, timing_note, context,
+                                                    reps * 2)
     del stock_draft
     if "ar" not in skip:
         result["autoregressive_vs_hf"] = ar_vs_hf(pair, stock, prompts[0], 16 if args.quick else 48, max(3, reps // 2))

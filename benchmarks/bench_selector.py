@@ -40,6 +40,7 @@ def _median_us(fn, reps: int) -> float:
 def _random_export(feature_set: str, folder: Path, latency) -> Path:
     import torch
 
+    from decoding import pricing
     from decoding.actions import ActionSpace
     from decoding.features import FeatureSchema
     from export.onnx_export import export_selector
@@ -55,7 +56,7 @@ def _random_export(feature_set: str, folder: Path, latency) -> Path:
     rng = np.random.default_rng(0)
     inputs = {k: rng.normal(size=(8, *s)).astype(np.float32) for k, s in schema.input_shapes().items()}
     inputs["scalars"][:, schema.scalars.index("context_length")] = 300
-    seconds = np.stack([latency.step_seconds(300, space, features=feature_set)] * 8).astype(np.float32)
+    seconds = np.repeat(pricing.step_seconds(latency, [300], space, features=feature_set), 8, axis=0).astype(np.float32)
     out = folder / feature_set
     export_selector(net, meta, out, inputs, seconds)
     return out

@@ -16,7 +16,8 @@ decoding really runs:
 
 Each operation's cache is cropped back to ``c`` slots outside the timed region. Repeats are interleaved
 (every grid cell, of every context, once per round) so that load from other processes hits all cells alike; the first
-``warmup`` rounds are discarded and the table holds the median of the rest. CUDA is synchronised
+``warmup`` rounds are discarded and the table holds the mean of the rest (`decoding.pricing`: means are the one
+statistic of step time). CUDA is synchronised
 before and after each timed operation.
 """
 
@@ -145,14 +146,14 @@ def time_grid(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, 
 
 def time_features(fn: Callable, rows: tuple[np.ndarray, np.ndarray, np.ndarray], repeats: int = 50,
                   warmup: int = 5) -> float:
-    """Median seconds of ``fn(p_prev, q_prev, q_root)``."""
+    """Mean seconds of ``fn(p_prev, q_prev, q_root)``."""
     times = []
     for rep in range(warmup + repeats):
         start = time.perf_counter()
         fn(*rows)
         if rep >= warmup:
             times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.mean(times))
 
 
 def machine_info(device: torch.device) -> dict:
@@ -183,7 +184,7 @@ def profile_pair(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: in
                  contexts: Sequence[int], draft_rows: Sequence[int], target_tokens: Sequence[int], repeats: int,
                  warmup: int = 2, feature_repeats: int = 50, sampling: Sampling = DEFAULT_SAMPLING,
                  progress: str | None = None, meta: dict | None = None) -> LatencyModel:
-    """Measure the whole profile and return the `LatencyModel` (medians; ``meta`` is extended with the
+    """Measure the whole profile and return the `LatencyModel` (means; ``meta`` is extended with the
     machine and the measurement settings)."""
     start = time.perf_counter()
     info = machine_info(next(target.parameters()).device)
@@ -191,23 +192,23 @@ def profile_pair(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: in
                      sampling, progress)
     fn, fn_name = root_scalars_fn()
     feature = time_features(fn, grid.rows, feature_repeats)
-    settings = {"repeats": repeats, "warmup": warmup, "feature_repeats": feature_repeats, "statistic": "median",
+    settings = {"repeats": repeats, "warmup": warmup, "feature_repeats": feature_repeats, "statistic": "mean",
                 "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
                 "vocab_size": int(vocab_size), "feature_fn": fn_name,
                 "seconds": round(time.perf_counter() - start, 1)}
     meta = dict(meta or {})
     meta["settings"] = {**settings, **meta.get("settings", {})}
-    return LatencyModel(np.asarray(contexts), np.asarray(draft_rows), np.median(grid.draft, axis=-1),
-                        np.asarray(target_tokens), np.median(grid.target, axis=-1), feature, {**info, **meta})
+    return LatencyModel(np.asarray(contexts), np.asarray(draft_rows), np.mean(grid.draft, axis=-1),
+                        np.asarray(target_tokens), np.mean(grid.target, axis=-1), feature, {**info, **meta})
 
 
 def step_times(target: torch.nn.Module, draft: torch.nn.Module, context_ids: Sequence[int], vocab_size: int,
                reps: int = 30, warmup: int = 3) -> dict:
     """One decode step of each model (one token after a KV cache holding ``context_ids``), timed as the
-    profile times it: medians and minima in ms and the draft/target ratio of the medians
+    profile times it: means and minima in ms and the draft/target ratio of the means
     (``step_time_ratio``, a train_draft metric)."""
     grid = time_grid(target, draft, vocab_size, context_ids, [len(context_ids)], [1], [1], reps, warmup)
-    med = {"draft": float(np.median(grid.draft)) * 1e3, "target": float(np.median(grid.target)) * 1e3}
+    med = {"draft": float(np.mean(grid.draft)) * 1e3, "target": float(np.mean(grid.target)) * 1e3}
     low = {"draft": float(grid.draft.min()) * 1e3, "target": float(grid.target.min()) * 1e3}
     return {
         "target_step_ms": med["target"], "draft_step_ms": med["draft"],

@@ -27,6 +27,7 @@ from pathlib import Path
 from data_collection.prompts import SPLITS
 from decoding.errors import UserInputError
 from decoding.files import sha256_file, write_json_atomic
+from decoding.sampling import sampling_key
 
 PARQUET_FILE = "trajectories.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -99,7 +100,7 @@ def summarize(trajectories: Iterable[Trajectory]) -> dict:
         entry = out.setdefault(t.split, {"trajectories": 0, "tokens": 0, "settings": Counter()})
         entry["trajectories"] += 1
         entry["tokens"] += len(t.continuation_ids)
-        entry["settings"][f"T={t.temperature:g},top_p={t.top_p:g}"] += 1
+        entry["settings"][sampling_key(t.temperature, t.top_p)] += 1
     return {s: {**v, "settings": dict(sorted(v["settings"].items()))} for s, v in sorted(out.items())}
 
 

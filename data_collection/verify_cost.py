@@ -1,6 +1,6 @@
 """Verification cost per method and tree shape: the seconds of one `VerificationMethod.verify` call.
 
-The step overhead (`data_collection.step_overhead`) decodes with Traversal only, so without this the latency
+The step ratios (`data_collection.step_prices`) decode with Traversal only, so without this the latency
 model priced a tree the same under every method. It is not the same: on the 2-core CPU, with SmolLM2's 49,152-
 token rows, GBV verified a 2,0,1 tree in 5.2 ms and a 2,1,2 tree in 11.9 ms, Khisti a 3,0,1 tree in 10.6 ms,
 Traversal each in 0.3-0.4 ms; online, GBV's 2,0,1 steps took 4.4 ms longer than SpecInfer's at the same block
@@ -10,7 +10,7 @@ How: for each shape of the action grid and each method that supports it, ``repea
 untimed call) on trees drawn from real rows: ``q_pool`` / ``p_pool`` are draft / target probability rows of the
 pair at real positions (`pipeline.profile` takes them from one forward of each model over the profile's
 context); each tree node gets a random position, its q and p rows are that position's (so they agree as often
-as the pair does) and its children are drawn from its q row, as in decoding. The median of the calls is kept (`decoding.latency.LatencyModel.verify_seconds`).
+as the pair does) and its children are drawn from its q row, as in decoding. The mean of the calls is kept (`decoding.latency.LatencyModel.verify_seconds`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from decoding.verifiers import METHODS, get_method
 def measure_verify_seconds(actions: Sequence[Action], q_pool: np.ndarray, p_pool: np.ndarray,
                            methods: Sequence[str] = tuple(METHODS), repeats: int = 5, seed: int = 0,
                            progress: str | None = None) -> dict[str, dict[str, float]]:
-    """``{method: {"K,L1,L2": median seconds}}`` over the trees of ``actions`` (empty trees skipped) that each
+    """``{method: {"K,L1,L2": mean seconds}}`` over the trees of ``actions`` (empty trees skipped) that each
     method supports (module docstring). ``q_pool``, ``p_pool``: ``[P, V]`` probability rows at the same P
     positions. ``progress``: the label of a progress bar (None: no bar)."""
     from tqdm.auto import tqdm
@@ -68,7 +68,7 @@ def measure_verify_seconds(actions: Sequence[Action], q_pool: np.ndarray, p_pool
                 if r:
                     times.append(time.perf_counter() - start)
             if times:
-                out[name][str(action)] = float(np.median(times))
+                out[name][str(action)] = float(np.mean(times))
             bar.update()
     bar.close()
     return {m: by for m, by in out.items() if by}

@@ -58,8 +58,8 @@ class RootFeatures:
     h_q_prev: np.ndarray | None = None  # [H_q] draft last-layer hidden state at the token before the root
     h_q_root: np.ndarray | None = None  # [H_q] ... at the root
     e_root: np.ndarray | None = None  # [H_p] target input embedding of the root token
-    # values computed from these fields, shared by every selector asked at this root (a cascade's two stages
-    # see the same p_prev: `vectorize` computes its entropy once); hand it on with the same rows only
+    # values computed from these fields, shared by every selector asked at this root (`vectorize` computes the
+    # entropy of p_prev once); hand it on with the same rows only
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     # token ids up to and including the root (the decoder fills it; `decoding.lookup` reads it)
     context: Sequence[int] | None = field(default=None, repr=False, compare=False)

@@ -6,7 +6,7 @@ longest suffix of the context (``min_ngram`` to ``max_ngram`` tokens, root inclu
 takes its most recent earlier occurrence, and proposes the tokens that followed it (at most ``length``).
 This is the candidate generator of prompt lookup decoding (HF transformers' ``prompt_lookup_num_tokens``).
 
-As a draft the proposal is a chain whose q rows are one-hot (`lookup_tree`): q(x_i | root, x_<i) = 1 for the
+As a draft the proposal is a chain whose q rows are one-hot (`decoding.tree.proposal_tree`): q(x_i | root, x_<i) = 1 for the
 proposed token. Any verifier of a chain then accepts x_i with probability p_i(x_i) (min(1, p / q)) and samples
 a rejection from max(p - q, 0), i.e. p without x_i: the emitted token follows p exactly. Lossless because the
 proposal is a function of the accepted context only, fixed before the step's randomness; the exact proof is
@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .actions import AR_ACTION, Action
-from .tree import DraftTree, build_tree
+from .policy import LOOKUP_TAG, Choice, Policy, StepResult, as_policy
+
+__all__ = ["LOOKUP_TAG", "MAX_NGRAM", "LookupFirst", "Proposal", "propose"]
 
 HF_LENGTH = 10  # transformers' prompt_lookup_num_tokens in its docs' examples
 HF_MAX_NGRAM = 2  # transformers' max_matching_ngram_size default
@@ -61,73 +63,38 @@ def propose(context: Sequence[int], length: int, max_ngram: int = HF_MAX_NGRAM, 
     return None
 
 
-def lookup_tree(tokens: Sequence[int], vocab_size: int) -> DraftTree:
-    """The chain ``(1, len(tokens), 0)`` of the proposed tokens, with one-hot q rows (the leaf's row is zero)."""
-    n = len(tokens)
-    if n < 1:
-        raise ValueError("lookup_tree needs at least one proposed token")
-    q_rows = np.zeros((n + 1, vocab_size))
-    for i, t in enumerate(tokens):
-        if not 0 <= int(t) < vocab_size:
-            raise ValueError(f"lookup_tree: token {t} is outside the vocabulary of {vocab_size}")
-        q_rows[i, int(t)] = 1.0
-    return build_tree(Action(1, n, 0), np.array([-1, *tokens], dtype=np.int64), q_rows)
-
-
-LOOKUP_TAG = "lookup"  # the suffix of a lookup step's action in the decode statistics ("1,3,0+lookup")
-
-
-class FallbackHooks:
-    """What a lookup policy forwards to its ``fallback`` selector (None: a plain step): ``observe_step`` only for the
-    steps the fallback chose (not for a lookup step, ``timing.lookup``: it costs no draft forward and would mislead an
-    online calibration), and ``reset``."""
-
-    fallback = None
-
-    def observe_step(self, action, context_length, timing) -> None:
-        observe = getattr(self.fallback, "observe_step", None)
-        if callable(observe) and not timing.lookup:
-            observe(action, context_length, timing)
-
-    def reset(self) -> None:
-        reset = getattr(self.fallback, "reset", None)
-        if callable(reset):
-            reset()
-
-
-class LookupFirst(FallbackHooks):
+class LookupFirst(Policy):
     """Verify a context lookup chain where one matches (at least ``min_ngram`` tokens), else ask ``fallback``.
 
-    ``fallback``: a selector (the trained one), or None for a plain step (prompt lookup decoding alone).
+    ``fallback``: a policy (the trained selector), or None for a plain step (prompt lookup decoding alone).
     ``method``: the verification method of lookup chains (None: the decoder's). The lookup itself needs the
     context only, so this policy adds no draft work; the fallback's needs decide the rest (``needs_draft``,
-    ``needs_hidden_states``, a cascade's ``refine``). Steps the fallback did not choose are not reported to its
-    ``observe_step`` (a lookup step costs no draft forward and would mislead an online calibration)."""
+    ``needs_hidden_states``). Only the steps the fallback chose are passed to its ``observe``."""
 
-    def __init__(self, fallback=None, length: int = HF_LENGTH, max_ngram: int = HF_MAX_NGRAM, min_ngram: int = 1,
-                 method: str | None = None) -> None:
-        from .policy import as_policy, needs_draft, needs_hidden_states, static_action
-
+    def __init__(self, fallback: Policy | None = None, length: int = HF_LENGTH, max_ngram: int = HF_MAX_NGRAM,
+                 min_ngram: int = 1, method: str | None = None) -> None:
         if length < 1 or not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"LookupFirst needs length >= 1 and 1 <= min_ngram ({min_ngram}) <= max_ngram "
                              f"({max_ngram}), got length {length}")
         self.fallback = as_policy(fallback if fallback is not None else AR_ACTION)
         self.length, self.max_ngram, self.min_ngram, self.method = int(length), int(max_ngram), int(min_ngram), method
-        self.needs_draft = needs_draft(self.fallback)
-        fixed = static_action(self.fallback)
-        self.uses_draft_model = fixed is None or fixed.tree_size > 0  # the decoder needs no draft model otherwise
-        self.needs_hidden_states = needs_hidden_states(self.fallback)
-        if callable(getattr(self.fallback, "refine", None)):
-            self.refine = self.fallback.refine
+        self.needs_draft = self.fallback.needs_draft
+        self.uses_draft_model = self.fallback.uses_draft_model
+        self.needs_hidden_states = self.fallback.needs_hidden_states
 
     def select(self, features):
-        from .policy import Choice
-
         found = propose(features.context, self.length, self.max_ngram, self.min_ngram) \
             if features.context is not None else None
         if found is not None:  # a match starts before the suffix: a token always follows it
             return Choice(Action(1, len(found.tokens), 0), self.method, found.tokens)
         return self.fallback.select(features)
+
+    def observe(self, step: StepResult) -> None:
+        if not step.lookup:
+            self.fallback.observe(step)
+
+    def reset(self) -> None:
+        self.fallback.reset()
 
     def __repr__(self) -> str:
         return (f"LookupFirst({self.fallback!r}, length={self.length}, ngram={self.min_ngram}..{self.max_ngram}, "

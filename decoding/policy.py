@@ -1,87 +1,119 @@
-"""The selector protocol: how the decoder asks for the action of each step (numpy only, no torch).
+"""The policy protocol: how the decoder asks what to do at each step (numpy only, no torch).
 
-A *policy* is a static `Action` (the same tree shape every step) or a *selector*: any object with
+A *policy* decides, at every root, the step's tree: a static `Action` (the same shape every step) is wrapped in
+`StaticPolicy`; everything else subclasses `Policy`, the way transformers' candidate generators subclass
+``CandidateGenerator``. The decoder (`decoding.engine.decoder`) calls only what `Policy` declares:
 
-    select(features: RootFeatures) -> Action | Choice
+- ``select(features: RootFeatures) -> Action | Choice``: the step's action, and optionally its verification
+  method and a tree the policy proposes instead of the draft's (`Choice`);
+- what the policy needs computed before ``select``: ``needs_hidden_states`` (the ``h_*`` fields: an
+  ``output_hidden_states`` pass), ``needs_draft`` (the draft's root step first, so ``q_root`` / ``q_prev`` are
+  filled; a policy that reads target-side features only sets it False, and then declining to speculate is exactly
+  one plain target step) and ``uses_draft_model`` (False: the policy never drafts with the model, so a decoder
+  without a draft model can run it);
+- ``observe(step: StepResult)``: told after every step what it did and cost; ``reset()``: a new decode starts.
+  Both are no-ops by default.
 
-(a `Choice` also names the verification method of the step: a selector trained with ``method: auto``
-picks both; every method is lossless and the choice is made before drafting) and two optional attributes that tell the engine what to compute before calling it:
-- ``needs_hidden_states`` (default False): fill the ``h_*`` fields (an ``output_hidden_states`` pass);
-- ``needs_draft`` (default True): run the draft's root step first, so ``q_root`` / ``q_prev`` are filled.
-  A selector that reads only target-side features sets it False: when it then declines to speculate
-  (an action with an empty tree) the step is exactly one plain target step, and the draft catches up
-  on the skipped tokens only when a later step drafts a tree.
-- ``refine(features) -> Action | Choice`` (optional, `Cascade`): when ``select`` (without the draft's features)
-  drafts a tree, the decoder runs the draft's root step and takes ``refine``'s answer instead.
-- ``draft_tree(...)`` (optional, `decoding.threshold_chain.ThresholdChain`): drafts the step's tree itself (a
-  tree whose shape follows the draft's own rows); the step records the drafted tree's action.
-- ``uses_draft_model`` (default True): False lets a decoder without a draft model run the policy (it only takes plain
-  steps and proposed chains).
-- a `Choice` with a ``proposal`` (`decoding.lookup.LookupFirst`): the step verifies that chain of context tokens
-  (one-hot q rows, no draft forward); the selector reads the context from ``RootFeatures.context``.
-- ``observe_step(action, context_length, timing: StepTiming)`` (optional, `export.runtime.SelectorRuntime` with
-  ``calibrate``): told after every step what it cost (`decoding.calibration` corrects the latency model with it).
+A `Choice` proposes a tree in one of two ways, so the engine needs no knowledge of any concrete policy:
+- ``proposal``: the tokens of a chain copied from the context (`decoding.lookup`): the decoder verifies that chain
+  with one-hot q rows (`decoding.tree.proposal_tree`), no draft forward;
+- ``stop_below``: draft the chain ``(1, L1, 0)`` token by token and stop where the draft's top-1 probability falls
+  below this threshold (`decoding.threshold_chain`; the drafting loop is the engine's).
 
-This module is the whole protocol: the ONNX runtime (`export/runtime.py`), trained selectors and any
-heuristic implement it the same way. `RootFeatures` holds the raw features of ALGORITHMS.md section 5,
-all available at the root without an extra target pass (the *root* is the last emitted token, not yet
-seen by the target; "prev" is the token before it). Turning them into the selector's input vector
-(entropies, KL, latencies) is `decoding.features`' job.
+`RootFeatures` holds the raw features of ALGORITHMS.md section 5 (the *root* is the last emitted token, not yet seen
+by the target; "prev" is the token before it). Turning them into the selector's input vector is
+`decoding.features`' job. The ONNX runtime (`export/runtime.py`) implements this protocol like any heuristic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .actions import Action
 from .features import RootFeatures  # re-exported: the raw features live with the feature schema
 
+LOOKUP_TAG = "lookup"  # the suffix of a proposed chain's action in the decode statistics ("1,3,0+lookup")
+
 
 @dataclass(frozen=True)
 class Choice:
-    """An action and, optionally, the verification method of this step (None: the decoder's method) and a
-    ``proposal``: the tokens of a chain ``(1, n, 0)`` proposed without the draft (`decoding.lookup`), which the
-    decoder verifies with one-hot q rows instead of drafting."""
+    """An action and, optionally, the verification method of this step (None: the decoder's), a ``proposal`` (the
+    tokens of a chain ``(1, n, 0)`` proposed without the draft) or ``stop_below`` (draft the chain ``action`` but stop
+    where the draft's top-1 probability is below it). A proposal and a stop rule exclude each other."""
 
     action: Action
     method: str | None = None
     proposal: tuple[int, ...] | None = None
+    stop_below: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.proposal is not None:
+            if self.stop_below is not None:
+                raise ValueError("a Choice proposes a chain or drafts one with a stop rule, not both")
+            if self.action != Action(1, len(self.proposal), 0):
+                raise ValueError(f"a proposal of {len(self.proposal)} tokens is the chain 1,{len(self.proposal)},0, "
+                                 f"not {self.action}")
+        if self.stop_below is not None and not self.action.is_chain:
+            raise ValueError(f"stop_below drafts a chain (K = 1, L2 = 0), not {self.action}")
 
 
 @dataclass(frozen=True)
 class StepTiming:
-    """What one finished step cost, as the decoder measured it (the ``observe_step`` hook's argument)."""
+    """What one finished step cost, as the decoder measured it (seconds)."""
 
     seconds: float  # the whole step: choosing, drafting, the target pass, verification, pruning
     draft_seconds: float  # the draft's forwards (its root step and the tree); 0 for a plain step
     target_seconds: float  # the target's tree pass, with the transform of its rows
-    draft_catch_up: int = 1  # tokens the draft processed at the root: 1-2 in steady state, the prompt at first
-    lookup: bool = False  # the step verified a chain copied from the context (`decoding.lookup`): no draft forward
+    draft_prefill_seconds: float = 0.0  # the draft's first forward over the prompt (inside draft_seconds), else 0
 
     @property
-    def rest_seconds(self) -> float:
-        """Everything but the forwards: features, the selector, verification, pruning."""
-        return self.seconds - self.draft_seconds - self.target_seconds
+    def step_seconds(self) -> float:
+        """The step without the draft's prompt prefill: what the latency model prices (`decoding.pricing`)."""
+        return self.seconds - self.draft_prefill_seconds
 
 
-@runtime_checkable
-class Selector(Protocol):
-    """Chooses an action at each root (see module docstring)."""
+@dataclass
+class StepResult:
+    """One finished step: what a policy's ``observe`` is told and ``generate``'s ``on_step`` receives."""
 
-    def select(self, features: RootFeatures) -> Action | Choice: ...
+    action: Action  # the realized shape (a stop rule's chain as drafted)
+    method: str | None  # the verification method of this step (None for an empty tree)
+    tokens: list[int]  # accepted draft tokens, then the emitted token
+    features: RootFeatures | None  # what the policy saw (None for a static policy)
+    context_length: int = 0  # tokens before the step's root
+    timing: StepTiming | None = None
+    lookup: bool = False  # the tree was a proposed chain (`Choice.proposal`), not drafted
+    selected: bool = False  # the policy's ``select`` ran at this step (a static policy's never does)
 
 
-class StaticPolicy:
-    """The same action at every step, as a selector (it ignores its features and costs nothing)."""
+class Policy:
+    """Base class of every policy (module docstring): ``select`` is required, the rest has defaults."""
 
-    needs_hidden_states = False
+    needs_hidden_states: bool = False
+    needs_draft: bool = True
+    uses_draft_model: bool = True
+    fixed_action: Action | None = None  # the action of every step, known without features (`StaticPolicy`)
+
+    def select(self, features: RootFeatures) -> Action | Choice:
+        raise NotImplementedError(f"{type(self).__name__} must implement select(features)")
+
+    def observe(self, step: StepResult) -> None:
+        """Told after every step (what it did and cost); no-op by default."""
+
+    def reset(self) -> None:
+        """A new decode starts; no-op by default."""
+
+
+class StaticPolicy(Policy):
+    """The same action at every step (it reads no features and costs nothing)."""
+
     needs_draft = False
 
     def __init__(self, action: Action) -> None:
-        self.action = action
+        self.action = self.fixed_action = action
+        self.uses_draft_model = action.tree_size > 0
 
     def select(self, features: RootFeatures) -> Action:
         return self.action
@@ -90,40 +122,25 @@ class StaticPolicy:
         return f"StaticPolicy({self.action})"
 
 
-def as_policy(policy: Action | Selector) -> Selector:
-    """``policy`` as a selector: an `Action` becomes a `StaticPolicy`; anything else needs ``select``."""
+def as_policy(policy: Action | Policy) -> Policy:
+    """``policy`` as a `Policy`: an `Action` becomes a `StaticPolicy`."""
     if isinstance(policy, Action):
         return StaticPolicy(policy)
-    if callable(getattr(policy, "select", None)):
+    if isinstance(policy, Policy):
         return policy
-    raise TypeError(f"policy must be an Action or a selector with select(features) -> Action, "
-                    f"got {type(policy).__name__}")
+    raise TypeError(f"policy must be an Action or a decoding.policy.Policy, got {type(policy).__name__}")
 
 
-def static_action(policy: Selector) -> Action | None:
-    """The fixed action of a static policy, else None."""
-    return policy.action if isinstance(policy, StaticPolicy) else None
+class AdaptiveChain(Policy):
+    """The acceptance-tracking chain length of SGLang / vLLM-style serving: a moving average of recent accepted
+    lengths picks the next chain's length ``L1`` (``K = 1, L2 = 0``).
 
+    It reads no features (``needs_draft`` False: the draft does no extra work) and infers each step's accepted length
+    from the context length it is called with: a step that drafted L tokens and accepted a of them advances the
+    context by ``a + 1``. A jump it cannot explain (a new prompt) restarts it at ``initial``. Rule: ``avg <- decay *
+    avg + (1 - decay) * a``, next length = ``clip(floor(avg + 1/2) + 1, 1, max_length)``, so a chain that is fully
+    accepted grows by one and a rejected one shrinks."""
 
-def needs_hidden_states(policy: Selector) -> bool:
-    return bool(getattr(policy, "needs_hidden_states", False))
-
-
-def needs_draft(policy: Selector) -> bool:
-    return bool(getattr(policy, "needs_draft", True))
-
-
-class AdaptiveChain:
-    """The acceptance-tracking chain length of SGLang / vLLM-style serving, as a selector: a moving average
-    of recent accepted lengths picks the next chain's length ``L1`` (``K = 1, L2 = 0``).
-
-    It reads no features (``needs_draft`` False: the draft does no extra work) and infers each step's
-    accepted length from the context length it is called with: a step that drafted L tokens and accepted
-    a of them advances the context by ``a + 1``. A jump it cannot explain (a new prompt) restarts it at
-    ``initial``. Rule: ``avg <- decay * avg + (1 - decay) * a``, next length = ``clip(floor(avg + 1/2) + 1,
-    1, max_length)``, so a chain that is fully accepted grows by one and a rejected one shrinks."""
-
-    needs_hidden_states = False
     needs_draft = False
 
     def __init__(self, max_length: int, initial: int = 2, decay: float = 0.5) -> None:
@@ -151,40 +168,3 @@ class AdaptiveChain:
 
     def __repr__(self) -> str:
         return f"AdaptiveChain(max_length={self.max_length}, initial={self.initial}, decay={self.decay})"
-
-
-class Cascade:
-    """The two-stage decision as a selector: ``stage1`` (target-side features only, ``needs_draft`` False) decides
-    at the root; when its action drafts a tree, the decoder runs the draft's root step and asks ``stage2``
-    (which may read ``q_root`` / ``q_prev`` / ``h_q_*``) through ``refine`` for the step's action and method.
-
-    Declining (stage 1's empty tree) is exactly one plain target step: no draft work. Lossless: stage 2 reads
-    only the root row, drafted before the tree and independent of the tree's tokens, so the shape is fixed
-    before its tree is drawn (the decoder's ``refine`` hook, `decoding.engine.generate`)."""
-
-    needs_draft = False
-
-    def __init__(self, stage1: Selector, stage2: Selector) -> None:
-        if needs_draft(stage1):
-            raise ValueError(f"Cascade: stage 1 ({type(stage1).__name__}) must read target-side features only "
-                             "(needs_draft False), so that declining costs no draft work")
-        self.stage1, self.stage2 = as_policy(stage1), as_policy(stage2)
-        self.needs_hidden_states = needs_hidden_states(self.stage1) or needs_hidden_states(self.stage2)
-
-    def select(self, features: RootFeatures) -> Action | Choice:
-        return self.stage1.select(features)
-
-    def refine(self, features: RootFeatures) -> Action | Choice:
-        """Stage 2's choice, with the draft's root step in ``features`` (called only when stage 1 speculates)."""
-        return self.stage2.select(features)
-
-    def observe_step(self, action: Action, context_length: int, timing: StepTiming) -> None:
-        """The decoder's step-time hook, passed to each stage that has one (stage 1's decision is the one that
-        weighs a step's cost against a plain step's)."""
-        for stage in (self.stage1, self.stage2):
-            observe = getattr(stage, "observe_step", None)
-            if callable(observe):
-                observe(action, context_length, timing)
-
-    def __repr__(self) -> str:
-        return f"Cascade({self.stage1!r}, {self.stage2!r})"

@@ -42,6 +42,11 @@ class Sampling:
         return self.temperature == 0
 
 
+def sampling_key(temperature: float, top_p: float) -> str:
+    """The one text name of a sampling setting (``T=0.6,top_p=1``): metrics' keys and per-setting groups."""
+    return f"T={temperature:g},top_p={top_p:g}"
+
+
 def transform_logits_np(logits: np.ndarray, sampling: Sampling, vocab_size: int | None = None) -> np.ndarray:
     """Numpy (float64) twin of `decoding.engine.torch_sampling.transform_logits`."""
     x = np.asarray(logits, dtype=np.float64)

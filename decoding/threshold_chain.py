@@ -12,9 +12,9 @@ target's law whatever the chain (every chain length is lossless), so mixing over
 proof is tests/test_threshold_chain.py (every draft outcome enumerated on `decoding.exact.TablePair`),
 with a negative control: a stop rule that peeks at the target is caught.
 
-`draft_threshold_chain` drafts such a chain on the draft's KV cache, feeding each token only when the
-chain continues (no draft work past the stop). The decoder calls it through a policy's ``draft_tree``
-hook (`ThresholdChain.draft_tree`) and records the realized chain as the step's action.
+`ThresholdChain` asks for such a chain with a `decoding.policy.Choice` whose ``stop_below`` is the threshold; the
+engine drafts it (`decoding.engine.drafting.draft_stop_chain`: each token fed only when the chain continues, no
+draft work past the stop) and records the realized chain as the step's action.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .actions import Action
-from .sampling import Sampling, draw
+from .policy import Choice, Policy
 from .tree import DraftTree, build_tree
 
 HF_MAX_LENGTH = 20  # transformers' num_assistant_tokens default
@@ -46,43 +46,10 @@ def truncate_chain(tree: DraftTree, n: int) -> DraftTree:
     return build_tree(Action(1, n, 0), tree.tokens[: n + 1], q)
 
 
-def draft_threshold_chain(kv, root_slot: int, q_root: np.ndarray, max_length: int, threshold: float,
-                          sampling: Sampling, vocab_size: int, rng: np.random.Generator, hidden: bool = False,
-                          h_root: np.ndarray | None = None):
-    """Draft the rule's chain below the root (the last slot of the draft cache ``kv``); returns a
-    `decoding.engine.drafting.DraftedTree` whose action is the realized chain ``(1, n, 0)``."""
-    from .engine.drafting import DraftedTree
-    from .engine.torch_sampling import prob_rows
-    from .engine.tree_pass import forward_nodes
+class ThresholdChain(Policy):
+    """The dynamic chain as a policy: ``select`` asks for the chain of ``max_length`` with the stop rule; the decoder
+    drafts it and records the realized chain."""
 
-    if root_slot != len(kv) - 1:
-        raise RuntimeError(f"draft cache must end at the root (root slot {root_slot}, {len(kv)} slots)")
-    tokens, rows = [-1], [np.asarray(q_root, dtype=np.float64)]
-    node_slots = {0: root_slot}
-    hid = {0: h_root} if hidden else None
-    root_pos = kv.positions[root_slot]
-    while True:
-        i = len(tokens)  # the node drawn now, from rows[i - 1]
-        tokens.append(int(draw(rows[i - 1][None], rng, 1)[0, 0]))
-        if i >= max_length or float(np.max(rows[i - 1])) < threshold:
-            break
-        node_slots[i] = len(kv)
-        logits, h = forward_nodes(kv, [tokens[i]], [root_pos + i], np.ones((1, len(kv) + 1), dtype=bool),
-                                  output_hidden_states=hidden)
-        rows.append(prob_rows(logits, sampling, vocab_size)[0])
-        if hidden:
-            hid[i] = h.float().cpu().numpy()[0]
-    n = len(tokens) - 1
-    q_rows = np.zeros((n + 1, vocab_size))
-    q_rows[: len(rows)] = np.stack(rows)
-    return DraftedTree(build_tree(Action(1, n, 0), np.array(tokens), q_rows), node_slots, hid, len(rows) - 1)
-
-
-class ThresholdChain:
-    """The dynamic chain as a policy: ``select`` names the cap (the chain of ``max_length``); a decoder with
-    the ``draft_tree`` hook drafts through it and records the realized chain."""
-
-    needs_hidden_states = False
     needs_draft = False
 
     def __init__(self, max_length: int = HF_MAX_LENGTH, threshold: float = HF_THRESHOLD) -> None:
@@ -91,12 +58,8 @@ class ThresholdChain:
                              f"{threshold}")
         self.max_length, self.threshold = int(max_length), float(threshold)
 
-    def select(self, features) -> Action:
-        return Action(1, self.max_length, 0)
-
-    def draft_tree(self, kv, root_slot, q_root, action, sampling, vocab_size, rng, hidden=False, h_root=None):
-        return draft_threshold_chain(kv, root_slot, q_root, self.max_length, self.threshold, sampling, vocab_size,
-                                     rng, hidden, h_root)
+    def select(self, features) -> Choice:
+        return Choice(Action(1, self.max_length, 0), stop_below=self.threshold)
 
     def __repr__(self) -> str:
         return f"ThresholdChain(max_length={self.max_length}, threshold={self.threshold})"

@@ -1,7 +1,7 @@
 """Offline throughput of a policy from labels and the latency model (ALGORITHMS.md section 6).
 
 Over a set of roots c with labels ``E[c, a]`` (expected block efficiency, tokens per step) and step
-times ``T[c, a]`` (seconds, `decoding.latency.LatencyModel.step_seconds`):
+times ``T[c, a]`` (seconds, `decoding.pricing.step_seconds`):
 
     realized TPS of a choice a(c) = sum_c E[c, a(c)] / sum_c T[c, a(c)]
 
@@ -13,19 +13,16 @@ times ``T[c, a]`` (seconds, `decoding.latency.LatencyModel.step_seconds`):
 NaN labels (a method that does not apply to an action, e.g. a chain-only method on K > 1) are never
 chosen.
 
-The *decision rule* of a selector is the oracle's with predicted labels: `choose` picks
-``argmax_a Ê_pred[c, a] / T[c, a]`` (expected tokens per second), so a selector moved to another
-machine adapts by re-profiling T. Numpy only: the collection metrics, selector training and the
-torch-free ONNX runtime all use this module.
+The *decision rule* of a selector is the oracle's with predicted labels (`decoding.pricing.decide`:
+``argmax_a Ê_pred[c, a] / T[c, a]``, expected tokens per second), so a selector moved to another machine adapts by
+re-profiling T. Numpy only.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def _masked(E: np.ndarray) -> np.ndarray:
-    return np.where(np.isfinite(E), E, -np.inf)
+from .pricing import decide
 
 
 def realized_tps(E: np.ndarray, T: np.ndarray, choice: np.ndarray) -> float:
@@ -59,19 +56,8 @@ def best_static_by_group(E_fit: np.ndarray, T_fit: np.ndarray, fit_keys: np.ndar
 
 
 def oracle_choice(E: np.ndarray, T: np.ndarray) -> np.ndarray:
-    """``[N]`` per-root ``argmax_a E[c, a] / T[c, a]``."""
-    return np.argmax(_masked(E) / T, axis=1)
-
-
-def choose(E_pred: np.ndarray, T: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
-    """The decision rule: ``[N]`` per-root ``argmax_a E_pred[c, a] / T[c, a]`` over the ``valid`` outputs
-    (``[A]`` bool; default all). ``E_pred`` ``[N, A]`` or ``[A]`` (one root), T broadcast to it; ties go to
-    the first output."""
-    E_pred = np.asarray(E_pred, dtype=np.float64)
-    score = _masked(E_pred) / np.asarray(T, dtype=np.float64)
-    if valid is not None:
-        score = np.where(np.asarray(valid, dtype=bool), score, -np.inf)
-    return np.argmax(score, axis=-1)
+    """``[N]`` per-root ``argmax_a E[c, a] / T[c, a]`` (the decision rule with the true labels)."""
+    return decide(E, T)
 
 
 def summary(E_fit: np.ndarray, T_fit: np.ndarray, E: np.ndarray, T: np.ndarray, ar_index: int) -> dict:

@@ -176,3 +176,17 @@ def target_rows(tree: DraftTree, target: DistFn | np.ndarray) -> np.ndarray:
             cache[path] = row
         rows[i] = cache[path]
     return rows
+
+
+def proposal_tree(tokens, vocab_size: int) -> DraftTree:
+    """The chain ``(1, len(tokens), 0)`` of tokens proposed without the draft (`decoding.policy.Choice.proposal`), with
+    one-hot q rows (the leaf's row is zero): any chain verifier then accepts x_i with probability p_i(x_i)."""
+    n = len(tokens)
+    if n < 1:
+        raise ValueError("proposal_tree needs at least one proposed token")
+    q_rows = np.zeros((n + 1, vocab_size))
+    for i, t in enumerate(tokens):
+        if not 0 <= int(t) < vocab_size:
+            raise ValueError(f"proposal_tree: token {t} is outside the vocabulary of {vocab_size}")
+        q_rows[i, int(t)] = 1.0
+    return build_tree(Action(1, n, 0), np.array([-1, *tokens], dtype=np.int64), q_rows)

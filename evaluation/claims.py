@@ -208,7 +208,7 @@ def findings(labels: dict[str, np.ndarray], space: ActionSpace, temperature: np.
             "gbv": gbv_comparison(labels, space, temperature)}
 
 
-def headline(f: dict) -> dict[str, float]:
+def findings_summary(f: dict) -> dict[str, float]:
     """A few flat numbers of the findings (for `dvc metrics diff`): verdicts as 0/1 and the main gains."""
     out: dict[str, float] = {}
     c1, c2, c3, g = (f[k] for k in ("claim1_traversal_beats_ot_at_root_branching",

@@ -20,14 +20,13 @@ Terms:
   step where nothing matched; ``naive``; the chain's length and the shortest suffix tuned on TRAIN prompts
   (`tune_prompt_lookup`). The selector is also decoded with the same lookup first (``<selector>:lookup``): where a
   lookup matched it verifies that chain, elsewhere the selector decides.
-- *learned lookup* (`LEARNED_LOOKUP`): the lookup decided by the gate of stage lookup (`decoding.lookup_gate`): the
-  chain after the longest repeat, of the length of the best predicted Ê / T, where that beats a plain step; the
-  selector decoded with it (``<selector>:learned_lookup``) weighs the chain against its own best predicted Ê / T.
 - the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
   latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
 - a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
   every unit, in an order rotated per unit, so slow phases of a shared machine hit all policies alike.
-- a *run*: one (unit, policy) decode: its tokens, seconds, block-efficiency counts and per-depth counts.
+- a *run*: one (unit, policy) decode: its tokens, seconds, block-efficiency counts and per-depth counts, and per step
+  class its steps' measured and modelled seconds (`decoding.pricing.price_step`; the pricing audit,
+  `evaluation.audit`).
 """
 
 from __future__ import annotations
@@ -39,11 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decoding import throughput
-from decoding.actions import AR_ACTION, AUTOREGRESSIVE, ActionSpace
+from decoding import pricing, throughput
+from decoding.actions import AR_ACTION, AUTOREGRESSIVE, Action, ActionSpace
 from decoding.latency import LatencyModel
-from decoding.lookup import LOOKUP_TAG, MAX_NGRAM
+from decoding.policy import LOOKUP_TAG
 from decoding.sampling import Sampling
+from export.policies import CHAIN_METHOD, build_policy
 
 from .claims import chain_source
 
@@ -51,48 +51,51 @@ CHAIN = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
 THRESHOLD_CHAIN = "threshold_chain"
 PROMPT_LOOKUP = "prompt_lookup"
-LEARNED_LOOKUP = "learned_lookup"  # prompt lookup decided by the learned gate; also a selector policy's suffix
 BEST_STATIC = "best_static"
-CHAIN_METHOD = "naive"
 
 
 @dataclass
 class EvalPolicy:
     name: str  # metrics key: autoregressive | chain | static:<method> | selector:auto | selector:<method>
-    kind: str  # autoregressive | chain | static | selector
+    kind: str  # autoregressive | chain | static | adaptive_chain | threshold_chain | prompt_lookup | selector
     method: str  # the decoder's method argument (a selector's Choice overrides it per step)
-    policy: object  # an Action or a selector (decoding.policy protocol)
+    policy: object  # a `decoding.policy.Policy` (or an Action)
     action: str | None = None  # the static action, "K,L1,L2"
+    features: str | None = None  # the feature set a selector decides with (what deciding costs; None: no features)
+    inference_seconds: float = 0.0  # a selector's own forward time per decided step
 
 
-def step_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray,
-                 methods: Sequence[str] = ()) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(T [N, A], offsets)``: T(c, a) of a static policy (no feature cost) at each root's context length, and
-    each of ``methods``' ``[A]`` verification cost beyond Traversal's (`LatencyModel.verify_offset`)."""
-    return latency.step_seconds_matrix(context_length, space), {m: latency.verify_offset(m, space) for m in methods}
+def selector_policy(name: str, spec: dict, lookup: dict | None = None) -> EvalPolicy:
+    """The selector of ``spec`` (`export.policies`: ``folder``, ``latency``, ``methods``), behind prompt lookup when
+    ``lookup`` (``length``, ``min_ngram``) is given."""
+    built = build_policy("prompt_lookup", {**lookup, "fallback": {"name": "selector", **spec}}) if lookup else \
+        build_policy("selector", spec)
+    runtime = built.policy.fallback if lookup else built.policy
+    return EvalPolicy(name, "selector", built.method, built.policy, None, runtime.feature_set,
+                      runtime.inference_seconds)
 
 
-def _priced(T: np.ndarray, offsets: dict[str, np.ndarray] | None, method: str) -> np.ndarray:
-    """T of the steps verified by ``method``: ``T`` plus its offsets (none given or unknown method: T)."""
-    off = (offsets or {}).get(method)
-    return T if off is None else T + off[None, :]
+def static_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray,
+                   methods: Sequence[str]) -> dict[str, np.ndarray]:
+    """``{method: T [N, A]}``: each method's step seconds of a static policy (no features) at each root's context."""
+    return {m: pricing.step_seconds(latency, context_length, space, [m]) for m in methods}
 
 
-def best_statics(labels: dict[str, np.ndarray], T: np.ndarray, space: ActionSpace, methods: Sequence[str],
-                 chain: bool = True, offsets: dict[str, np.ndarray] | None = None) -> dict[str, tuple[str, int]]:
+def best_statics(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], space: ActionSpace, methods: Sequence[str],
+                 chain: bool = True) -> dict[str, tuple[str, int]]:
     """``{policy name: (method, action index)}``: each method's best speculating static action on these (TRAIN)
-    roots, and the chain's (`CHAIN_METHOD` on K = 1 / L2 = 0 actions, labels of `chain_source`); each priced with
-    its method's verification ``offsets`` (`step_seconds`) when given."""
+    roots, and the chain's (`CHAIN_METHOD` on K = 1 / L2 = 0 actions, labels of `chain_source`); each priced as its
+    method's steps (``T``: `static_seconds`)."""
     size = np.array([a.tree_size for a in space])
     out: dict[str, tuple[str, int]] = {}
     src = chain_source(labels)
     if chain and src is not None:
         chain_ok = np.array([a.is_chain for a in space]) & (size > 0)
         E = np.where(chain_ok, labels[src], np.nan)
-        out[CHAIN] = (CHAIN_METHOD, throughput.best_static(E, _priced(T, offsets, CHAIN_METHOD)))
+        out[CHAIN] = (CHAIN_METHOD, throughput.best_static(E, T[CHAIN_METHOD]))
     for m in methods:
         E = np.where(size > 0, labels[m], np.nan)
-        out[f"static:{m}"] = (m, throughput.best_static(E, _priced(T, offsets, m)))
+        out[f"static:{m}"] = (m, throughput.best_static(E, T[m]))
     return out
 
 
@@ -109,30 +112,15 @@ def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]
 
 
 def threshold_chain_policy(max_length: int, threshold: float, name: str = THRESHOLD_CHAIN) -> EvalPolicy:
-    from decoding.threshold_chain import ThresholdChain
-
-    return EvalPolicy(name, THRESHOLD_CHAIN, CHAIN_METHOD, ThresholdChain(max_length, threshold))
-
-
-def prompt_lookup_policy(length: int, min_ngram: int, fallback=None, name: str = PROMPT_LOOKUP,
-                         kind: str = PROMPT_LOOKUP, method: str = CHAIN_METHOD) -> EvalPolicy:
-    """Prompt lookup decoding (`decoding.lookup.LookupFirst`: a context lookup chain of at most ``length`` tokens where
-    a suffix of ``min_ngram`` to `decoding.lookup.MAX_NGRAM` tokens matched, verified by ``naive``), a plain step elsewhere;
-    with a ``fallback`` selector, that selector decides where no lookup matched."""
-    from decoding.lookup import LookupFirst
-
-    ngram = max(MAX_NGRAM, min_ngram)
-    return EvalPolicy(name, kind, method, LookupFirst(fallback, length, ngram, min_ngram, CHAIN_METHOD))
+    built = build_policy("threshold_chain", {"max_length": max_length, "threshold": threshold})
+    return EvalPolicy(name, THRESHOLD_CHAIN, built.method, built.policy)
 
 
-def learned_lookup_policy(gate, latency, fallback=None, name: str = LEARNED_LOOKUP, kind: str = LEARNED_LOOKUP,
-                          method: str = CHAIN_METHOD) -> EvalPolicy:
-    """The learned lookup decision (`decoding.lookup_gate.LearnedLookup`): a lookup chain where the gate's predicted
-    Ê / T beats a plain step (no ``fallback``) or the ``fallback`` selector's best predicted Ê / T, verified by
-    ``naive``; elsewhere the plain step or the selector."""
-    from decoding.lookup_gate import LearnedLookup
-
-    return EvalPolicy(name, kind, method, LearnedLookup(gate, latency, fallback, CHAIN_METHOD))
+def prompt_lookup_policy(length: int, min_ngram: int, name: str = PROMPT_LOOKUP) -> EvalPolicy:
+    """Prompt lookup decoding alone (`export.policies`: a lookup chain where a suffix of ``min_ngram`` to
+    `decoding.lookup.MAX_NGRAM` tokens matched, verified by ``naive``; a plain step elsewhere)."""
+    built = build_policy("prompt_lookup", {"length": length, "min_ngram": min_ngram})
+    return EvalPolicy(name, PROMPT_LOOKUP, built.method, built.policy)
 
 
 def _tune(decoder, units: Sequence, grid: Sequence[tuple[dict, EvalPolicy]], max_new_tokens: int,
@@ -170,7 +158,7 @@ def tune_prompt_lookup(decoder, units: Sequence, lengths: Sequence[int], min_ngr
     """``length`` and ``min_ngram`` of prompt lookup decoding of the highest tokens/s on ``units`` (`_tune`)."""
     if not lengths or not min_ngrams:
         raise ValueError("tune_prompt_lookup needs at least one prompt, one length and one n-gram size")
-    grid = [({"length": int(n), "min_ngram": int(g)}, prompt_lookup_policy(n, g, name=f"N={n},ngram={g}"))
+    grid = [({"length": int(n), "min_ngram": int(g)}, prompt_lookup_policy(n, g, f"N={n},ngram={g}"))
             for n in lengths for g in min_ngrams]
     return _tune(decoder, units, grid, max_new_tokens, warmup)
 
@@ -181,38 +169,62 @@ def best_static_name(offline_fit: dict[str, dict]) -> str | None:
     return max(names, key=lambda n: offline_fit[n]["tps"]) if names else None
 
 
-def offline_tps(labels: dict[str, np.ndarray], T: np.ndarray, statics: dict[str, tuple[str, int]],
-                space: ActionSpace, offsets: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
-    """Realized TPS of autoregressive and of each static policy on these (TEST) roots, and the ratio to AR; each
-    static priced with its method's verification ``offsets`` when given."""
-    n = T.shape[0]
+def offline_tps(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], statics: dict[str, tuple[str, int]],
+                space: ActionSpace) -> dict[str, dict]:
+    """Realized TPS of autoregressive and of each static policy on these (TEST) roots (each priced as its method's
+    steps, ``T``: `static_seconds`), and the ratio to AR."""
+    n = next(iter(T.values())).shape[0]
     if n == 0:
         return {}
-    ar = float(n / T[:, space.index(AR_ACTION)].sum())
+    ar = float(n / next(iter(T.values()))[:, space.index(AR_ACTION)].sum())
     out = {AUTOREGRESSIVE: {"tps": ar, "vs_autoregressive": 1.0, "mean_label": 1.0}}
     src = chain_source(labels)
     for name, (method, a) in statics.items():
         E = labels[src if method == CHAIN_METHOD else method]
-        tps = throughput.realized_tps(E, _priced(T, offsets, method), np.full(n, a))
+        tps = throughput.realized_tps(E, T[method], np.full(n, a))
         out[name] = {"tps": tps, "vs_autoregressive": tps / ar, "mean_label": float(np.mean(E[:, a])),
                      "action": str(space[a])}
     return out
 
 
-def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter) -> dict:
+def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter, priced: dict) -> dict:
     return {"policy": policy.name, "prompt_id": unit.prompt_id, "source": unit.source,
             "temperature": float(unit.temperature), "top_p": float(unit.top_p), "seed": int(seed),
             "tokens": int(stats.new_tokens), "seconds": float(stats.time_total), "emitted": int(stats.emitted),
             "steps": int(stats.steps), "depth_offered": list(stats.depth_offered),
             "depth_accepted": list(stats.depth_accepted), "choices": dict(choices),
             "time_s": {"draft": stats.time_draft, "target": stats.time_target, "verify": stats.time_verify,
-                       "selector": stats.time_selector}}
+                       "selector": stats.time_selector, "prefill": stats.time_prefill},
+            "priced": priced}
+
+
+class StepRecorder:
+    """``generate``'s ``on_step`` hook of one run: the (method, action) of every step (``choices``) and, with a
+    latency profile, per step class (`decoding.pricing.step_class`) its steps and their measured seconds (prefill
+    excluded) and modelled ones (`decoding.pricing.price_step`, with what deciding costs the policy)."""
+
+    def __init__(self, policy: EvalPolicy, latency: LatencyModel | None) -> None:
+        self.policy, self.latency = policy, latency
+        self.choices: Counter = Counter()
+        self.priced: dict[str, list[float]] = {}  # class -> [steps, measured seconds, modelled seconds]
+
+    def __call__(self, state, step) -> None:
+        empty = step.action.tree_size == 0
+        tag = f"+{LOOKUP_TAG}" if step.lookup else ""
+        self.choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
+        if self.latency is None:
+            return
+        row = self.priced.setdefault(pricing.step_class(step.action, step.method, step.lookup), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += step.timing.step_seconds
+        row[2] += pricing.price_step(self.latency, step, self.policy.features, self.policy.inference_seconds)
 
 
 def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_new_tokens: int,
-                 seeds: Sequence[int], warmup: bool = True, progress: Callable[[int, int], None] | None = None
-                 ) -> list[dict]:
-    """Every policy decodes every (unit, seed) with `SpeculativeDecoder.generate`; one record per run."""
+                 seeds: Sequence[int], warmup: bool = True, progress: Callable[[int, int], None] | None = None,
+                 latency: LatencyModel | None = None) -> list[dict]:
+    """Every policy decodes every (unit, seed) with `SpeculativeDecoder.generate`; one record per run (each step
+    priced by ``latency`` when given: `StepRecorder`)."""
     if warmup and units:  # first calls pay one-time costs (allocator, kernels, ONNX session): untimed
         u = units[0]
         for p in policies:
@@ -222,18 +234,12 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_n
     for k, (u, seed) in enumerate((u, s) for u in units for s in seeds):
         order = list(policies[k % len(policies):]) + list(policies[: k % len(policies)])
         for p in order:
-            choices: Counter = Counter()
-
-            def record(state, step, choices=choices) -> None:  # the (method, action) of every step
-                empty = step.action.tree_size == 0
-                tag = f"+{LOOKUP_TAG}" if step.lookup else ""
-                choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
-
-            if callable(getattr(p.policy, "reset", None)):  # a stateful policy starts every run fresh
+            recorder = StepRecorder(p, latency)
+            if not isinstance(p.policy, Action):  # a stateful policy starts every run fresh
                 p.policy.reset()
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
-                                   Sampling(u.temperature, u.top_p), int(seed), on_step=record)
-            runs.append(_run_record(u, seed, p, res.stats, choices))
+                                   Sampling(u.temperature, u.top_p), int(seed), on_step=recorder)
+            runs.append(_run_record(u, seed, p, res.stats, recorder.choices, recorder.priced))
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -107,3 +107,30 @@ def gain_by(runs: pd.DataFrame, column: str, policies: list[str], reference: str
                 out.setdefault(str(value), {})[policy] = ratio_ci(
                     j["tokens_a"], j["seconds_a"], j["tokens_b"], j["seconds_b"], j["prompt_id"], ci, n_boot, seed)
     return out
+
+
+RATIO_KEYS = {"ar": "autoregressive", "best_static": "best_static", "adaptive_chain": "adaptive_chain",
+              "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup"}
+
+
+def selector_ratios(table: dict, primary: str | None, alone: str | None = None) -> dict:
+    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios of the ``primary`` selector policy
+    (None where a peer did not run), the same ``selector_alone_vs_<peer>`` of the selector without lookup
+    (``alone``, when the primary is the selector with lookup first), and ``<key>_tps_vs_*`` of the primary and
+    Traversal's best static."""
+    out: dict = {}
+    for prefix, name in (("selector", primary), ("selector_alone", alone)):
+        if prefix == "selector_alone" and name is None:
+            continue
+        entry = table.get(name, {}) if name else {}
+        for key, ref in RATIO_KEYS.items():
+            r = entry.get(f"tps_vs_{ref}")
+            out[f"{prefix}_vs_{key}"] = r["value"] if r else None
+            out[f"{prefix}_vs_{key}_lo"] = r["low"] if r else None
+            out[f"{prefix}_vs_{key}_hi"] = r["high"] if r else None
+    for key, name in (("selector", primary), ("static_traversal", "static:traversal")):
+        if name in table:
+            out[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
+            if "tps_vs_traversal_best_static" in table[name]:
+                out[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
+    return out

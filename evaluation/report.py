@@ -10,7 +10,7 @@ Plot data (``evaluate.plots``; the plot definitions are the top-level ``plots:``
   names; empty where a policy is absent);
 - ``chosen_actions.csv``: that selector policy's share of steps per ``method:action``.
 The report (``evaluate.report``) shows the same data as PNGs in ``figures/`` next to it, the evaluation table,
-the online-vs-offline comparison and the findings.
+the online-vs-offline comparison, the pricing audit (`evaluation.audit`) and the findings.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import csv
 import math
 import os
 from pathlib import Path
+
+from .audit import TOLERANCE as AUDIT_TOLERANCE
+from .audit import audit_table
 
 DEPTH_COLUMNS = {"chain": "chain", "static_traversal": "static:traversal", "selector": "selector"}  # column -> policy
 
@@ -206,15 +209,16 @@ def selector_by_group(metrics: dict) -> str:
     if not by or not policy:
         return "No selector was evaluated."
     gains = {"temperature": metrics.get("gain_by_temperature") or {}, "source": metrics.get("gain_by_source") or {}}
-    rows = [f"Policy `{policy}`. Speculates: share of its steps with a draft tree; gains: paired tokens/s ratios.", "",
-            "| group | steps | speculates | top choices | vs autoregressive | vs Traversal best static |",
+    rows = [f"Policy `{policy}` (the trained selector). Declines: share of its steps without a draft tree (a plain "
+            "step); gains: paired tokens/s ratios.", "",
+            "| group | steps | declines | top choices | vs autoregressive | vs Traversal best static |",
             "|---|---|---|---|---|---|"]
     for col, label in (("temperature", "T"), ("source", "source")):
         for value, e in (by.get(col) or {}).items():
             top = ", ".join(f"{k} {v:.0%}" for k, v in e["top"].items())
             ar = (gains[col].get("autoregressive") or {}).get(value, {}).get(policy)
             trav = (gains[col].get("traversal_best_static") or {}).get(value, {}).get(policy)
-            rows.append(f"| {label} = {value} | {e['steps']} | {e['speculate_fraction']:.0%} | {top} | {_ci(ar)} | "
+            rows.append(f"| {label} = {value} | {e['steps']} | {1 - e['speculate_fraction']:.0%} | {top} | {_ci(ar)} | "
                         f"{_ci(trav)} |")
     return "\n".join(rows)
 
@@ -235,7 +239,7 @@ def _selector_offline(sel: dict | None) -> str:
     return "\n".join(lines)
 
 
-def headline(metrics: dict) -> str:
+def headline_paragraph(metrics: dict) -> str:
     pol = metrics["policies"]
     sel = pol.get(_selector_policy(metrics))
     trav = pol.get("static:traversal")
@@ -247,20 +251,10 @@ def headline(metrics: dict) -> str:
                      "(the paper reports 1.05x over Traversal on its GPU pairs).")
     alone = pol.get((metrics.get("selector") or {}).get("policy_alone") or "")
     if sel and alone:
-        names = metrics.get("selector") or {}
-        learned = names.get("policy_learned_lookup") == _selector_policy(metrics)  # the primary uses the learned gate
-        if learned:
-            how = ("where the learned gate predicts more tokens per second than the trained selector's best choice, "
-                   "and follows the selector elsewhere")
-            peer = "prompt lookup's rule"
-        else:
-            how = "where the text repeats itself (prompt lookup's tuned rule) and asks the trained selector elsewhere"
-            peer = "the learned lookup"
-        vs_other = (f", {_ci(sel.get('tps_vs_selector_other_lookup'))}x the selector behind {peer}"
-                    if names.get("policy_other_lookup") else "")
-        parts.append(f"It verifies a context lookup chain {how}: {_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup "
-                     f"decoding alone{vs_other}; the trained selector alone runs at "
-                     f"{_ci(alone.get('tps_vs_autoregressive'))}x autoregressive.")
+        parts.append("It verifies a context lookup chain where the text repeats itself (prompt lookup's tuned rule) and "
+                     f"asks the trained selector elsewhere: {_ci(sel.get('tps_vs_prompt_lookup'))}x prompt lookup "
+                     f"decoding alone; the trained selector alone runs at {_ci(alone.get('tps_vs_autoregressive'))}x "
+                     f"autoregressive and {_ci(alone.get('tps_vs_best_static'))}x the best static.")
     if trav:
         parts.append(f"Traversal's best static ({trav.get('action')}) runs at {_ci(trav.get('tps_vs_autoregressive'))}x "
                      f"autoregressive with block efficiency {_ci(trav['block_efficiency'])}.")
@@ -280,7 +274,7 @@ def report_markdown(metrics: dict, figure_names: list[str]) -> str:
         f"{metrics['pair']['threads']} CPU threads. {u['prompts']} TEST prompts (of {u['available_test_prompts']}) x "
         f"{len(u['seeds'])} seed(s), {u['max_new_tokens']} new tokens, each prompt at its own sampling setting; "
         f"{u['runs']} decodes in {s['decode']:.0f} s.", "",
-        "## Headline", "", headline(metrics), "",
+        "## Headline", "", headline_paragraph(metrics), "",
         "## End-to-end decoding", "",
         "Tokens/s = new tokens / wall seconds (prefill included), summed over prompts and seeds; brackets: 95% "
         "bootstrap intervals over prompts, ratios paired by prompt and seed. Best static actions were chosen on "
@@ -291,9 +285,14 @@ def report_markdown(metrics: dict, figure_names: list[str]) -> str:
         selector_by_group(metrics), "",
         "## Online vs offline", "",
         f"Offline numbers use {off['test_roots']} TEST roots (statics fitted on {off['fit_roots']} TRAIN roots). "
-        "Where online and offline disagree, the latency profile or the per-step overheads the profile does not see "
-        "(selector features and inference, cache pruning, Python) are the first suspects.", "",
+        "Block efficiency carries over from the labels; the price of a step is what the pricing audit checks.", "",
         _selector_offline(off.get("selector")), "",
+        "## Pricing audit", "",
+        "Every decoded step priced by `decoding/pricing.py` at its context length, next to what the decoder measured "
+        "(seconds summed over each policy's steps, prefill on its own column). *Relative to AR* divides a policy's "
+        "measured / modelled by autoregressive's in the same run: a machine phase cancels, a wrong relative price "
+        f"does not; (off) marks a policy beyond 1 +- {AUDIT_TOLERANCE}.", "",
+        audit_table(metrics.get("pricing_audit") or {}), "",
         "## Where the time goes", "",
         img("gain_by_temperature", "gain by temperature"), img("gain_by_source", "gain by prompt source"), "",
         img("acceptance_by_depth", "acceptance by depth"), img("chosen_actions", "chosen actions"), "",

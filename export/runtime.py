@@ -13,14 +13,10 @@ An exported selector is a folder (written by ``branchpoint export``)::
 The runtime checks the sha256, checks that the ONNX inputs match the sidecar's schema, validates every
 feature vector it is given (wrong dims, missing or extra inputs, NaN: one clear `FeatureError`), prices
 the actions with a latency profile (the one the selector was trained with, or a fresh one from
-``branchpoint profile`` on the machine where it runs) and implements the decoder's selector protocol
-(`decoding.policy`): ``select(RootFeatures) -> Choice``.
+``branchpoint profile`` on the machine where it runs; `decoding.pricing`, the prices training used) and implements
+the decoder's policy protocol (`decoding.policy.Policy`): ``select(RootFeatures) -> Choice``.
 
-``calibrate=True`` corrects the profile's step times online with the decoder's measured ones
-(`decoding.calibration`; the decoder calls ``observe_step`` after every step).
-
-``speculating_only=True`` restricts the decision to the outputs that draft a tree (a cascade's second stage,
-`export.cascade`). ``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
+``methods=[...]`` restricts an ``auto`` selector to some of its methods: the decision becomes the argmax of
 Ê / T over the valid outputs of those methods only (computed here with numpy from the graph's Ê, the same
 rule and tie order as the graph's ``choice``), so the other methods' outputs are never chosen.
 """
@@ -31,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from decoding import pricing
 from decoding.actions import parse_action
-from decoding.calibration import OnlineCalibration
 from decoding.errors import UserInputError
 from decoding.features import FeatureError, FeatureSchema
 from decoding.files import read_json, sha256_file
 from decoding.latency import BlockMemo, LatencyModel
-from decoding.policy import Choice, RootFeatures
+from decoding.policy import Choice, Policy, RootFeatures
 
 ONNX_FILE = "selector.onnx"
 SIDECAR_FILE = "selector.json"
@@ -88,12 +84,11 @@ def check_sidecar_schema(features: dict, schema: FeatureSchema, where: str | Pat
 SECONDS_BLOCK = 64  # context lengths priced together by `SelectorRuntime.step_seconds` (at most 8 blocks kept)
 
 
-class SelectorRuntime:
+class SelectorRuntime(Policy):
     """An exported selector, ready to choose the action (and method) of each decoding step."""
 
     def __init__(self, folder: str | Path, latency: str | Path | LatencyModel | None = None,
-                 providers: tuple[str, ...] = ("CPUExecutionProvider",), methods: list[str] | None = None,
-                 speculating_only: bool = False, calibrate: bool = False) -> None:
+                 providers: tuple[str, ...] = ("CPUExecutionProvider",), methods: list[str] | None = None) -> None:
         import onnxruntime as ort
 
         self.folder = Path(folder)
@@ -113,7 +108,7 @@ class SelectorRuntime:
         self.auto = bool(out.get("auto", False))
         self.actions = [parse_action(a) for a in out["actions"]]
         self.valid = np.asarray(out.get("valid", [True] * len(self.table)), dtype=bool)  # [outputs]
-        self.allowed = self._allowed(methods, speculating_only)  # [outputs] bool, or None: every output
+        self.allowed = self._allowed(methods)  # [outputs] bool, or None: every output
         if isinstance(latency, LatencyModel):
             self.latency = latency
         elif latency is not None:
@@ -131,23 +126,12 @@ class SelectorRuntime:
         self._check_session()
         check_sidecar_schema(self.sidecar["features"], self.schema, self.folder / SIDECAR_FILE)
         self._seconds = BlockMemo(self._price_block, SECONDS_BLOCK, 8 * SECONDS_BLOCK)  # context length -> step_seconds
-        self._speculative = np.array([a.tree_size > 0 for _, a in self.table])  # [outputs]
-        self._first_output = {a: o for o, (_, a) in reversed(list(enumerate(self.table)))}  # action -> an output
-        self.calibration = OnlineCalibration() if calibrate else None
-        self._parts = BlockMemo(self._parts_block, SECONDS_BLOCK, 8 * SECONDS_BLOCK)  # used with calibrate only
         self.needs_hidden_states = bool(self.schema.hidden)
         self.needs_draft = self.schema.needs_draft
         self.feature_set = self.schema.feature_set
 
-    def _allowed(self, methods: list[str] | None, speculating_only: bool = False) -> np.ndarray | None:
-        """``[outputs]`` mask of the valid outputs of ``methods`` (all methods when None), only those that draft a
-        tree when ``speculating_only`` (a cascade's second stage); None: no restriction."""
-        if speculating_only:
-            spec = self.valid & np.array([a.tree_size > 0 for _, a in self.table])
-            mask = spec if methods is None else spec & self._allowed(methods)
-            if not mask.any():
-                raise SelectorArtifactError(f"{self.folder}: no valid speculating output (methods {methods})")
-            return mask
+    def _allowed(self, methods: list[str] | None) -> np.ndarray | None:
+        """``[outputs]`` mask of the valid outputs of ``methods``; None: no restriction."""
         if methods is None:
             return None
         unknown = [m for m in methods if m not in self.methods]
@@ -167,38 +151,16 @@ class SelectorRuntime:
                                         f"schema {expected}; the sidecar and the ONNX file are from different exports")
 
     def step_seconds(self, context_length: int) -> np.ndarray:
-        """``[outputs]`` T(c, a) of every output at this context length: the step as the latency model prices it
-        with the features' cost, plus the selector's own inference time (what training charged). Priced for
-        `SECONDS_BLOCK` context lengths at once and kept (`decoding.latency.BlockMemo`); a copy, so a caller's
-        edit does not reach the kept row. With ``calibrate``, times the online calibration's factors
-        (`decoding.calibration`)."""
-        if self.calibration is None:
-            return self._seconds.get(int(context_length)).copy()
-        draft, target, total = self._parts.get(int(context_length))
-        return self.calibration.price(draft, target, total, self._speculative).astype(np.float32)
-
-    def observe_step(self, action, context_length: int, timing) -> None:
-        """The decoder's step-time hook: what one finished step of ``action`` cost (`decoding.policy.StepTiming`);
-        feeds the calibration (nothing without ``calibrate``, or for an action that is not an output)."""
-        o = self._first_output.get(action)
-        if self.calibration is None or o is None:
-            return
-        draft, target, total = self._parts.get(int(context_length))[:, o]
-        self.calibration.observe(action.tree_size > 0, timing, float(draft), float(target), float(total))
-
-    def _parts_block(self, lengths: np.ndarray) -> np.ndarray:
-        """``[block, 3, outputs]`` float64 modelled parts of `step_seconds` (draft forwards, target pass, the whole
-        step with the selector's inference) at each of ``lengths``, for the calibration."""
-        draft, target, _ = self.latency.step_parts_at(lengths, self.actions, self.schema.feature_set)
-        total = self.latency.output_seconds_at(lengths, self.actions, self.methods, self.schema.feature_set)
-        total = total + self.inference_seconds
-        m = len(self.methods)
-        return np.stack([np.tile(draft, (1, m)), np.tile(target, (1, m)), total], axis=1)
+        """``[outputs]`` seconds of one step of every output at this context length, as training priced them
+        (`decoding.pricing.step_seconds` with the feature set's deciding cost and the selector's own inference time).
+        Priced for `SECONDS_BLOCK` context lengths at once and kept (`decoding.latency.BlockMemo`); a copy, so a
+        caller's edit does not reach the kept row."""
+        return self._seconds.get(int(context_length)).copy()
 
     def _price_block(self, lengths: np.ndarray) -> np.ndarray:
         """``[block, outputs]`` float32 `step_seconds` of each of the context lengths ``lengths`` ``[block]``."""
-        per_output = self.latency.output_seconds_at(lengths, self.actions, self.methods, self.schema.feature_set)
-        return (per_output + self.inference_seconds).astype(np.float32)
+        return pricing.step_seconds(self.latency, lengths, self.actions, self.methods, self.schema.feature_set,
+                                    self.inference_seconds).astype(np.float32)
 
     def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first); for a
@@ -208,8 +170,7 @@ class SelectorRuntime:
         feed[STEP_SECONDS] = np.asarray(step_seconds, dtype=np.float32)
         e, choice = self.session.run(list(self.output_names), feed)
         if self.allowed is not None:  # the graph's rule, over the allowed outputs only
-            score = np.where(self.allowed, e.astype(np.float64) / feed[STEP_SECONDS].astype(np.float64), -np.inf)
-            choice = np.argmax(score, axis=-1).astype(np.int64)
+            choice = pricing.decide(e, feed[STEP_SECONDS], self.allowed).astype(np.int64)
         return e, choice
 
     @property
@@ -230,28 +191,11 @@ class SelectorRuntime:
         method, action = self.table[o]
         return Choice(action, method)
 
-    @property
-    def predicts_block_efficiency(self) -> bool:
-        """Whether the first output is Ê (a regression selector), not a ``throughput`` selector's decision scores."""
-        return self.output_names[0] == OUTPUTS[0]
-
-    def best(self, features: RootFeatures) -> tuple[Choice, float]:
-        """`select`'s choice and its predicted tokens per second Ê / T (what `decoding.lookup_gate.LearnedLookup`
-        weighs a lookup chain against); a ``throughput`` selector's scores are not Ê, so it has none."""
-        if not self.predicts_block_efficiency:
-            raise SelectorArtifactError(f"{self.folder}: a {self.output_names[0]!r} selector predicts no block "
-                                        "efficiency to weigh a lookup chain against; use a regression selector")
-        e, o, seconds = self._decide_one(features)
-        method, action = self.table[o]
-        return Choice(action, method), float(e[o]) / float(seconds[o])
-
     def __repr__(self) -> str:
         only = ""
         if self.allowed is not None:
             kept = sorted({m for (m, _), ok in zip(self.table, self.allowed, strict=True) if ok})
             only = f", restricted to {kept}"
-        if self.calibration is not None:
-            only += ", calibrated online"
         return (f"SelectorRuntime({self.folder}, {self.schema.feature_set}, methods {self.methods}, "
                 f"{len(self.table)} outputs{only})")
 

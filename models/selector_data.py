@@ -7,7 +7,7 @@ only reads columns by name). `SelectorData` holds, for N roots and O outputs of 
   float32, ``scalars`` ``[N, S]``), built by `decoding.features.batch_inputs` exactly as the export's
   parity check builds them (latency scalars from the latency model at each root's context length);
 - ``labels`` ``[N, O]``: Ê(c, output) (NaN where the output's method does not apply), ``label_se``;
-- step times (seconds, `LatencyModel.step_seconds`): ``cost`` ``[N, O]`` what one step costs when the
+- step times (seconds, `decoding.pricing.step_seconds`): ``cost`` ``[N, O]`` what one step costs when the
   selector chooses (its feature set's feature cost plus ``inference_seconds``), ``cost_static``
   ``[N, O]`` what it costs a static policy (no features), ``cost_ar`` ``[N]`` one autoregressive step;
 - metadata: ``split`` (train / val / test, by prompt as collected: a prompt's roots are never in two
@@ -27,10 +27,11 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from decoding import throughput
+from decoding import pricing, throughput
 from decoding.actions import AR_ACTION
 from decoding.errors import UserInputError
 from decoding.features import FeatureSchema, batch_inputs
+from decoding.sampling import sampling_key
 
 from .selector_network import OutputLayout
 
@@ -39,10 +40,6 @@ AR = AR_ACTION  # autoregressive: no tree, one target step
 
 class SelectorDataError(UserInputError):
     """The collected dataset cannot train this selector (missing labels, splits or a grid mismatch)."""
-
-
-def sampling_key(temperature: float, top_p: float) -> str:
-    return f"T={temperature:g},top_p={top_p:g}"
 
 
 @dataclass
@@ -102,14 +99,6 @@ class SelectorData:
         return (self.labels[rows, a] / self.cost_static[rows, a]).astype(np.float64)
 
 
-def step_costs(latency, context_length: np.ndarray, layout: OutputLayout, features: str | None,
-               extra_seconds: float = 0.0) -> np.ndarray:
-    """``[N, O]`` seconds of one step per output (`LatencyModel.output_seconds_matrix`: the action's forwards and
-    overhead, one call per distinct context length, plus the method's verification beyond Traversal's)."""
-    return latency.output_seconds_matrix(context_length, list(layout.actions), layout.methods, features) + float(
-        extra_seconds)
-
-
 def _column(columns, name: str, dtype) -> np.ndarray:
     arr = columns[name]
     if isinstance(arr, np.ndarray) and arr.dtype != object:
@@ -134,11 +123,12 @@ def build_selector_data(columns, labels: Mapping[str, np.ndarray], label_se: Map
         raise SelectorDataError(f"labels have {E.shape[1]} columns, the layout {layout.size} outputs "
                          "(was the dataset collected on another action grid?)")
     features = schema.feature_set
-    ar_cost = np.array([latency.step_seconds(int(l), [AR], features=None)[0] for l in ctx.tolist()])  # noqa: E741
+    actions, methods = list(layout.actions), layout.methods
     return SelectorData(
         schema=schema, layout=layout, inputs=inputs, labels=E, label_se=se,
-        cost=step_costs(latency, ctx, layout, features, inference_seconds),
-        cost_static=step_costs(latency, ctx, layout, None), cost_ar=ar_cost,
+        cost=pricing.step_seconds(latency, ctx, actions, methods, features, inference_seconds),
+        cost_static=pricing.step_seconds(latency, ctx, actions, methods),
+        cost_ar=pricing.step_seconds(latency, ctx, [AR])[:, 0],
         split=np.asarray(columns["split"]).astype(str), prompt_id=np.asarray(columns["prompt_id"]).astype(str),
         source=np.asarray(columns["source"]).astype(str),
         temperature=_column(columns, "temperature", np.float64).round(6),

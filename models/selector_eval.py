@@ -1,7 +1,7 @@
 """Quality of a selector on held-out roots, from labels and the latency model (ALGORITHMS.md section 6).
 
 No decoding is needed: a selector's predictions ``pred`` ``[n, O]`` give its choice at each root by the
-decision rule ``argmax_o pred / cost`` (`decoding.throughput.choose`, over the valid outputs), and
+decision rule ``argmax_o pred / cost`` (`decoding.pricing.decide`, over the valid outputs), and
 
     realized TPS = sum_c Ê(c, a*(c)) / sum_c T(c, a*(c))
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from decoding import throughput
+from decoding import pricing, throughput
 
 from .selector_data import SelectorData
 
@@ -79,7 +79,7 @@ def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.
     valid = fit.valid_outputs() if valid is None else np.asarray(valid, bool)
     E = np.where(valid, data.labels.astype(np.float64), np.nan)  # [n, O]
     E_fit = np.where(valid, fit.labels.astype(np.float64), np.nan)
-    choice = throughput.choose(pred, data.cost, valid)
+    choice = pricing.decide(pred, data.cost, valid)
     a_static = throughput.best_static(E_fit, fit.cost_static)
     keys, fit_keys = data.sampling(), fit.sampling()
     a_by_key = throughput.best_static_by_group(E_fit, fit.cost_static, fit_keys, keys, a_static)
@@ -107,7 +107,7 @@ def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.
             sl = data.layout.method_outputs(m)
             only = np.zeros_like(valid)
             only[sl] = valid[sl]
-            c_m = throughput.choose(pred, data.cost, only)
+            c_m = pricing.decide(pred, data.cost, only)
             a_m = throughput.best_static(np.where(only, E_fit, np.nan), fit.cost_static)
             n = len(data)
             report["by_method"][m] = {

@@ -12,7 +12,7 @@ action (or per (method, action) for ``method: auto``). Output o is the predicted
 efficiency Ê of output o's action (for the ``throughput`` objective: a decision *score*, not a calibrated
 Ê). Known values are not learned (`OutputLayout.constraints`): the empty tree's output is fixed at 1 and
 an ``L2 = 0`` chain copies the output of its smallest-K twin, inside the network and so inside the export;
-the decision (`argmax Ê / T`, `decoding.throughput.choose`) is not
+the decision (`argmax Ê / T`, `decoding.pricing.decide`) is not
 part of the network.
 
 Output layout (`OutputLayout`): ``method: <name>`` has one output per action of the grid, in

@@ -2,7 +2,7 @@
 
 Both objectives train the same network (one output per (method, action) of the `OutputLayout`) and are
 judged by the same decision, ``argmax_o Ê_pred(c, o) / T(c, o)`` with the shared latency model
-(`decoding.throughput.choose`), so a selector moved to another machine adapts by re-profiling T.
+(`decoding.pricing.decide`), so a selector moved to another machine adapts by re-profiling T.
 
 ``regression`` (this project's selector): mean squared error between the output and the label
 Ê(c, o), over the outputs with a label. Why MSE: Ê is itself an unbiased, noisy estimate of the
@@ -51,14 +51,17 @@ LABEL_WEIGHTINGS = ("none", "inverse_se")
 
 @dataclass
 class SelectorHParams:
-    objective: str = "regression"  # regression | throughput (module docstring)
-    lr: float = 1e-3  # peak AdamW learning rate (cosine decay to lr / 20 over the epochs)
-    weight_decay: float = 1e-4
-    epochs: int = 40
-    label_weighting: str = "none"  # none | inverse_se (regression only)
+    """The optimisation knobs; their defaults live in the config (`pipeline.sections.train.TrainConfig`, handed over by
+    `pipeline.training_data.hparams`)."""
+
+    objective: str  # regression | throughput (module docstring)
+    lr: float  # peak AdamW learning rate (cosine decay to lr / 20 over the epochs)
+    weight_decay: float
+    epochs: int
+    label_weighting: str  # none | inverse_se (regression only)
+    throughput_lambda: float  # weight of the worst-alpha hinge term
+    throughput_alpha: float  # fraction of worst roots in the hinge term
     se_floor: float = 0.05  # floor of the label standard error in inverse_se weights
-    throughput_lambda: float = 1.0  # weight of the worst-alpha hinge term
-    throughput_alpha: float = 0.1  # fraction of worst roots in the hinge term
     policy_beta: float = 20.0  # initial inverse temperature of the throughput policy
 
     def __post_init__(self) -> None:

@@ -23,8 +23,6 @@ COMMANDS = {
     "profile": ("pipeline.profile", "time draft steps and target tree passes on this machine (stage profile)"),
     "collect": ("pipeline.collect", "features + measured block efficiency at every root of the trajectories "
                                     "(stage collect)"),
-    "lookup": ("pipeline.lookup", "exact labels of context lookup chains at every root; fit the learned lookup gate "
-                                  "(opt-in, not in dvc.yaml; then evaluate.learned_lookup)"),
     "train": ("pipeline.train", "train the branching-point selector on the collected dataset (stage train)"),
     "export": ("pipeline.export", "export the trained selector to ONNX + sidecar, check parity, register it "
                                   "(stage export)"),

@@ -181,9 +181,10 @@ def collect_metrics(cfg) -> dict:
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest
     from data_collection.dataset_schema import SECONDS_KINDS, seconds_column
-    from decoding import throughput
+    from decoding import pricing, throughput
     from decoding.actions import AR_ACTION
     from decoding.latency import LatencyModel
+    from decoding.sampling import sampling_key
 
     c, space = cfg.collect, cfg.actions.space()
     manifest = read_manifest(c.out)
@@ -192,7 +193,7 @@ def collect_metrics(cfg) -> dict:
     ctx = np.asarray(ds["context_length"])
     split = np.asarray(ds["split"])
     temps, tops = np.asarray(ds["temperature"]), np.asarray(ds["top_p"])
-    T = latency.step_seconds_matrix(ctx, space)  # [N, A]
+    T = pricing.step_seconds(latency, ctx, space)  # [N, A] (a static policy, Traversal's verification)
     ar = space.index(AR_ACTION) if AR_ACTION in space else None
     secs = {k: float(np.mean(ds[seconds_column(k)])) for k in SECONDS_KINDS}
     out: dict = {
@@ -222,11 +223,11 @@ def collect_metrics(cfg) -> dict:
             if f.any() and e.any() and ar is not None:
                 s = throughput.summary(E[f], T[f], E[e], T[e], ar)
                 s["best_static"] = str(space[s.pop("best_static_index")])
-                entry["by_sampling"][f"T={temp:g},top_p={top:g}"] = {**s, "roots_fit": int(f.sum()),
+                entry["by_sampling"][sampling_key(temp, top)] = {**s, "roots_fit": int(f.sum()),
                                                                     "roots_eval": int(e.sum())}
         out["methods"][m] = entry
     out["note"] = ("best static chosen on train roots, measured on test roots; oracle = per-root argmax E/T; "
-                   "TPS from labels and the latency profile (no feature cost)")
+                   "TPS from labels and the step prices (decoding/pricing.py, no feature cost)")
     return out
 
 

@@ -28,9 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", metavar="FILE",
                         help="with --selector: price actions with this latency profile (`branchpoint profile` on "
                              "this machine) instead of the one the selector was trained with")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="with --selector: correct the profile's step times online with this decode's measured "
-                             "ones (decoding/calibration.py; the choices then depend on the machine's speed)")
     parser.add_argument("--lookup", type=int, default=0, metavar="N",
                         help="prompt lookup first: where the context's last tokens occurred earlier, verify the (up to N) "
                              "tokens that followed them, with no draft work (decoding/lookup.py); elsewhere the "
@@ -38,11 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup-ngram", type=int, default=1, metavar="G",
                         help="with --lookup: the shortest suffix of the context that must have occurred before "
                              "(1-4, default %(default)s; longer suffixes are tried first)")
-    parser.add_argument("--lookup-gate", metavar="FILE",
-                        help="the learned lookup instead of --lookup's rule: verify the chain after the context's "
-                             "longest earlier repeat where the gate (artifacts/lookup_gate.json, written by "
-                             "`branchpoint lookup`) predicts more tokens per second than the selector's best (a "
-                             "regression selector) or, without --selector, than a plain step (decoding/lookup_gate.py)")
     parser.add_argument("--json", metavar="FILE", help="also write the tokens, text and statistics to FILE")
 
 
@@ -75,8 +67,6 @@ def check_lookup(args) -> None:
     from decoding.errors import UserInputError
     from decoding.lookup import MAX_NGRAM
 
-    if args.lookup and getattr(args, "lookup_gate", None):
-        raise UserInputError("--lookup (prompt lookup's rule) and --lookup-gate (the learned lookup) exclude each other")
     if args.lookup < 0 or not 1 <= args.lookup_ngram <= MAX_NGRAM:
         raise UserInputError(f"--lookup must be >= 0 (0 = off) and --lookup-ngram in [1, {MAX_NGRAM}], not "
                              f"{args.lookup} and {args.lookup_ngram}")
@@ -90,8 +80,6 @@ def check_inputs(cfg, args, draft_spec: str) -> None:
 
     here = "" if Path(args.params).is_file() else (
         f" (there is no {args.params} in {Path.cwd()}: run decode from the project folder, or pass --params)")
-    if args.calibrate and not args.selector:
-        raise UserInputError("--calibrate corrects a selector's step times: it needs --selector")
     if args.selector:
         folder = Path(args.selector)
         if not folder.is_dir():
@@ -108,43 +96,46 @@ def check_inputs(cfg, args, draft_spec: str) -> None:
                                  f" path){here}")
 
 
-def run(cfg, args) -> int:
-    import torch
-
-    from data_collection.prompts import encode_prompt
-    from decoding.actions import parse_action
-    from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
-    from decoding.sampling import Sampling
+def build(cfg, args):
+    """``(policy, method, action)``: the run's policy from the registry (`export.policies.build_policy`): the static
+    action, or the selector; behind prompt lookup with ``--lookup``."""
+    from decoding.actions import AUTOREGRESSIVE, parse_action
     from decoding.verifiers import get_method
-    from models.loading import eos_ids, load_pair
+    from export.policies import build_policy
 
     check_lookup(args)
     method = _pick(args.method, cfg.decode.method)
     if method != AUTOREGRESSIVE:
         get_method(method)  # unknown names fail before any model is loaded
     action = parse_action(_pick(args.action, cfg.decode.action))
-    policy = action
     if args.selector:
-        from export.cascade import load_selector
-
         check_inputs(cfg, args, cfg.model.draft)
-        policy = load_selector(args.selector, latency=args.latency, calibrate=args.calibrate)  # or a cascade
-        if method == AUTOREGRESSIVE:
-            method = policy.methods[0]
+        spec = {"name": "selector", "folder": args.selector, "latency": args.latency}
+    elif method == AUTOREGRESSIVE:
+        spec = {"name": AUTOREGRESSIVE}
+    else:
+        spec = {"name": "static", "action": str(action), "method": method}
     if args.lookup:
-        from decoding.lookup import MAX_NGRAM, LookupFirst
+        spec = {"name": "prompt_lookup", "length": args.lookup, "min_ngram": args.lookup_ngram,
+                "fallback": None if spec["name"] == AUTOREGRESSIVE else spec}
+    built = build_policy(spec["name"], spec)
+    return built.policy, built.method, action
 
-        fallback = None if method == AUTOREGRESSIVE else policy  # a plain step where nothing matched
-        policy = LookupFirst(fallback, args.lookup, MAX_NGRAM, args.lookup_ngram, "naive")
-        method = "naive" if method == AUTOREGRESSIVE else method
-    if args.lookup_gate:
-        policy, method = learned_lookup(args, policy, method)
+
+def run(cfg, args) -> int:
+    import torch
+
+    from data_collection.prompts import encode_prompt
+    from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
+    from decoding.sampling import Sampling
+    from models.loading import eos_ids, load_pair
+
+    policy, method, action = build(cfg, args)
     sampling = Sampling(_pick(args.temperature, cfg.sampling.temperature), _pick(args.top_p, cfg.sampling.top_p))
     max_new = _pick(args.max_new_tokens, cfg.decode.max_new_tokens)
     seed = _pick(args.seed, cfg.decode.seed)
     prompt = _pick(args.prompt, cfg.decode.prompt)
-
-    no_draft = method == AUTOREGRESSIVE or not getattr(policy, "uses_draft_model", True)
+    no_draft = method == AUTOREGRESSIVE or not policy.uses_draft_model
     draft_spec = cfg.model.target if no_draft else cfg.model.draft
     check_inputs(cfg, args, draft_spec)
     torch.set_num_threads(cfg.model.threads)
@@ -158,57 +149,23 @@ def run(cfg, args) -> int:
     result = decoder.generate(ids, max_new, method, policy, sampling, seed)
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
     used = steps_used(result.stats)
-    if policy is not action:  # the selector chose each step's method: name what ran, not the default
+    static = policy.fixed_action is not None
+    if not static:  # the policy chose each step's method: name what ran, not the default
         result.stats.method = "selector (" + ", ".join(m for m in used["methods"]) + ")"
     print(f"pair: target {pair.target_spec}, draft {'-' if no_draft else draft_spec}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
           f"(loaded in {load_s:.1f} s)")
-    shape = "" if method == AUTOREGRESSIVE else f", action {action}" if policy is action else f", {policy}"
+    shape = "" if method == AUTOREGRESSIVE else f", action {action}" if static else f", {policy}"
     print(f"prompt: {len(ids)} tokens; sampling T={sampling.temperature}, top_p={sampling.top_p}, seed {seed}{shape}")
     print("-" * 72)
     print(text)
     print("-" * 72)
     print(result.stats.summary())
     print(f"  steps used: {used_label(used)}")
-    if getattr(policy, "calibration", None) is not None:
-        print(f"  online calibration: {policy.calibration}")
     if args.json:
         _write_json(args.json, {"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens, "text": text,
-                                "action": str(action) if policy is action else str(policy)}, sampling, result.stats)
+                                "action": str(action) if static else str(policy)}, sampling, result.stats)
     return 0
-
-
-DEFAULT_LATENCY = "artifacts/latency.json"  # `branchpoint profile`'s output: prices the learned lookup's chains
-
-
-def learned_lookup(args, policy, method: str) -> tuple[object, str]:
-    """``(policy, method)`` with ``--lookup-gate``: `decoding.lookup_gate.LearnedLookup` over the selector (priced by
-    its latency model) or, with ``--method autoregressive``, over a plain step (priced by ``--latency`` or
-    `DEFAULT_LATENCY`)."""
-    from pathlib import Path
-
-    from decoding.engine import AUTOREGRESSIVE
-    from decoding.errors import UserInputError
-    from decoding.latency import LatencyModel
-    from decoding.lookup_gate import LearnedLookup, LookupGate, LookupGateError
-
-    try:
-        gate = LookupGate.load(args.lookup_gate)
-    except LookupGateError as e:
-        raise UserInputError(str(e)) from None
-    if args.selector:
-        if not getattr(policy, "predicts_block_efficiency", False):  # a cascade, or a throughput selector
-            raise UserInputError(f"--lookup-gate needs a regression selector (its predicted Ê / T is what a lookup "
-                                 f"chain is weighed against); {args.selector} is not one")
-        return LearnedLookup(gate, policy.latency, policy), method
-    if method != AUTOREGRESSIVE:  # a static action has no predicted Ê / T to weigh a chain against
-        raise UserInputError("--lookup-gate goes with --selector, or with --method autoregressive (the learned lookup "
-                             "over plain steps)")
-    path = args.latency or DEFAULT_LATENCY
-    if not Path(path).is_file():
-        raise UserInputError(f"--lookup-gate without --selector prices its chains with a latency profile: {path} not "
-                             "found (run `branchpoint profile` or pass --latency FILE)")
-    return LearnedLookup(gate, LatencyModel.load(path)), "naive"
 
 
 def _write_json(path: str, run: dict, sampling, stats) -> None:

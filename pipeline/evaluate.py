@@ -12,10 +12,11 @@ MLflow run tagged ``stage=evaluate``. Steps:
 2. policies: autoregressive, chain, the adaptive chain, the threshold chain (N and threshold tuned on
    ``evaluate.tune_prompts`` TRAIN prompts, `tuned_threshold_chain`), the best static of each of ``evaluate.methods``
    and the one of the highest TRAIN TPS over every labelled method (``best_static``, the hardware-aware best static
-   tree), the selector (``auto`` and restricted to each
-   of ``evaluate.selector_methods``; `export.cascade.load_selector`: a `SelectorRuntime` or a two-stage
-   `CascadeRuntime`, priced with ``profile.out``);
-3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`);
+   tree), prompt lookup (tuned on TRAIN prompts), the selector (``auto`` and restricted to each of
+   ``evaluate.selector_methods``, priced with ``profile.out``) and the selector behind prompt lookup (the headline);
+   every policy built by the registry (`export.policies`);
+3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`), every step priced
+   by `decoding.pricing` next to its measured seconds: the pricing audit (`evaluation.audit`);
 4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive, Traversal's
    best static, the best static and the adaptive chain (flat ``selector_vs_*`` keys with ``_lo`` / ``_hi``) (`evaluation.paired_stats`), gains by temperature and prompt source, per-depth acceptance;
 5. findings from the labels (`evaluation.claims`); the report (`evaluation.report`).
@@ -30,9 +31,9 @@ from pathlib import Path
 
 from decoding.errors import UserInputError
 from decoding.files import write_json_atomic
-from decoding.lookup import LOOKUP_TAG
+from decoding.policy import LOOKUP_TAG
 
-SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "lookup", "export", "evaluate")  # the params sections it loads
+SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "export", "evaluate")  # the params sections it loads
 
 
 LABEL_COLUMNS = ("split", "context_length", "temperature", "top_p", "source", "l1_p_q_prev")
@@ -121,60 +122,35 @@ def tuned_prompt_lookup(cfg, decoder):
     return tuning
 
 
+def _selector_spec(cfg, methods=None) -> dict:
+    latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
+    return {"folder": cfg.export.out, "latency": latency, "methods": methods}
+
+
 def with_lookup(cfg, policies: list, tuning: dict | None) -> list:
     """``policies`` with prompt lookup (before the selectors) and the first selector decoded with the same lookup
-    first (``<selector>:lookup``, on its own runtime: a runtime's calibration state is per policy)."""
+    first (``<selector>:lookup``, on its own runtime)."""
     from evaluation import online as oe
 
     if tuning is None:
         return policies
-    n, g = tuning["length"], tuning["min_ngram"]
+    lookup = {"length": tuning["length"], "min_ngram": tuning["min_ngram"]}
     at = next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies))
-    out = [*policies[:at], oe.prompt_lookup_policy(n, g), *policies[at:]]
+    out = [*policies[:at], oe.prompt_lookup_policy(lookup["length"], lookup["min_ngram"]), *policies[at:]]
     selector = next((p for p in policies if p.kind == "selector"), None)
     if selector is not None:
-        from export.cascade import load_selector
-
-        latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
-        runtime = load_selector(cfg.export.out, latency=latency, calibrate=cfg.evaluate.calibrate)
-        out.append(oe.prompt_lookup_policy(n, g, runtime, f"{selector.name}:{LOOKUP_TAG}", "selector",
-                                           selector.method))
+        out.append(oe.selector_policy(f"{selector.name}:{LOOKUP_TAG}", _selector_spec(cfg), lookup))
     return out
-
-
-def with_learned_lookup(cfg, policies: list) -> list:
-    """``policies`` with the learned lookup (the gate of stage lookup over a plain step, before the selectors) and the
-    first selector decoded with it (``<selector>:learned_lookup``, on its own runtime), when
-    ``evaluate.learned_lookup`` is on."""
-    from decoding.latency import LatencyModel
-    from decoding.lookup_gate import LookupGate
-    from evaluation import online as oe
-
-    if not cfg.evaluate.learned_lookup:
-        return policies
-    gate = LookupGate.load(cfg.lookup.gate)
-    latency = LatencyModel.load(cfg.profile.out)
-    at = next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies))
-    out = [*policies[:at], oe.learned_lookup_policy(gate, latency), *policies[at:]]
-    selector = next((p for p in policies if p.kind == "selector"), None)
-    if selector is not None:
-        from export.cascade import load_selector
-
-        runtime = load_selector(cfg.export.out, latency=cfg.profile.out, calibrate=cfg.evaluate.calibrate)
-        if getattr(runtime, "predicts_block_efficiency", False):  # not a cascade or a throughput selector
-            out.append(oe.learned_lookup_policy(gate, runtime.latency, runtime, f"{selector.name}:{oe.LEARNED_LOOKUP}",
-                                                "selector", selector.method))
-        else:
-            print(f"evaluate: {cfg.export.out} predicts no block efficiency to weigh lookup chains against (a cascade "
-                  "or a throughput selector): no selector with the learned lookup")
-    return out
-
-
-UNCALIBRATED = "uncalibrated"  # the suffix of the selector policy decoded without the online calibration
 
 
 def build_policies(cfg, statics, space, with_selector: bool):
-    from evaluation.online import AR_ACTION, AUTOREGRESSIVE, EvalPolicy, adaptive_chain_policy
+    from evaluation.online import (
+        AR_ACTION,
+        AUTOREGRESSIVE,
+        EvalPolicy,
+        adaptive_chain_policy,
+        selector_policy,
+    )
 
     policies = [EvalPolicy(AUTOREGRESSIVE, "autoregressive", AUTOREGRESSIVE, AR_ACTION)]
     for name, (method, a) in statics.items():
@@ -183,23 +159,16 @@ def build_policies(cfg, statics, space, with_selector: bool):
         policies.append(adaptive_chain_policy(space, statics))
     runtime = None
     if with_selector:
-        from export.cascade import load_selector
-
-        ec = cfg.evaluate
-        latency = cfg.profile.out if Path(cfg.profile.out).is_file() else None
-        runtime = load_selector(cfg.export.out, latency=latency, calibrate=ec.calibrate)  # a selector or a cascade
-        name = "selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}"
-        policies.append(EvalPolicy(name, "selector", runtime.methods[0], runtime))
+        sel = selector_policy("selector", _selector_spec(cfg))
+        runtime = sel.policy
+        sel.name = "selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}"
+        policies.append(sel)
         if runtime.auto:
-            for m in ec.selector_methods or runtime.methods:
+            for m in cfg.evaluate.selector_methods or runtime.methods:
                 if m in runtime.methods:
-                    policies.append(EvalPolicy(f"selector:{m}", "selector", m, load_selector(
-                        cfg.export.out, latency=latency, methods=[m], calibrate=ec.calibrate)))
+                    policies.append(selector_policy(f"selector:{m}", _selector_spec(cfg, [m])))
                 else:
                     print(f"evaluate: the selector does not predict {m!r} (it has {runtime.methods}); skipped")
-        if ec.calibrate and ec.uncalibrated_selector:  # the same selector on the profile's times alone
-            policies.append(EvalPolicy(f"{name}:{UNCALIBRATED}", "selector", runtime.methods[0],
-                                       load_selector(cfg.export.out, latency=latency)))
     return policies, runtime
 
 
@@ -219,16 +188,15 @@ def offline_part(cfg):
                              f"{sorted(labels)}; add them to collect.methods and re-collect, or drop them")
     # the best static is chosen among every labelled method; only it, the chain and evaluate.methods are decoded
     methods = list(dict.fromkeys([*decoded, *(m for m in cfg.collect.methods if m in labels)]))
-    T, offsets = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
-                                 [*methods, oe.CHAIN_METHOD])  # [N, A] and each method's verification cost
+    T = oe.static_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
+                          [*methods, oe.CHAIN_METHOD])  # method -> [N, A]
     split = cols["split"]
     fit = split == "train" if (split == "train").any() else np.ones(len(split), bool)
     test = split == "test"
-    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, methods, cfg.evaluate.chain,
-                              offsets)
-    offline = oe.offline_tps({m: E[test] for m, E in labels.items()}, T[test], statics, space, offsets)
-    best = oe.best_static_name(oe.offline_tps({m: E[fit] for m, E in labels.items()}, T[fit], statics, space,
-                                              offsets))
+    on = lambda rows: ({m: E[rows] for m, E in labels.items()}, {m: t[rows] for m, t in T.items()})  # noqa: E731
+    statics = oe.best_statics(*on(fit), space, methods, cfg.evaluate.chain)
+    offline = oe.offline_tps(*on(test), statics, space)
+    best = oe.best_static_name(oe.offline_tps(*on(fit), statics, space))
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)
     statics_decoded = {n: (m, a) for n, (m, a) in statics.items() if n in (oe.CHAIN, best) or m in decoded}
@@ -241,6 +209,7 @@ def decode_all(cfg, args, off):
     import torch
 
     from decoding.engine import SpeculativeDecoder
+    from decoding.latency import LatencyModel
     from evaluation import online as oe
     from models.loading import eos_ids, load_pair
 
@@ -256,48 +225,32 @@ def decode_all(cfg, args, off):
         policies.insert(next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies)),
                         threshold_chain)
     off["prompt_lookup_tuning"] = tuned_prompt_lookup(cfg, decoder)
-    policies = with_learned_lookup(cfg, with_lookup(cfg, policies, off["prompt_lookup_tuning"]))
+    policies = with_lookup(cfg, policies, off["prompt_lookup_tuning"])
     print(f"evaluate: {len(units)} of {available} TEST prompts x {len(ec.seeds)} seeds x {len(policies)} policies "
           f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
           f"{ec.max_new_tokens} new tokens each", flush=True)
     start = time.perf_counter()  # tuning above is not decode time: it is in the tuning's own seconds
-    runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup, oe.Progress("evaluate"))
+    runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup, oe.Progress("evaluate"),
+                           LatencyModel.load(cfg.profile.out))
     return units, available, policies, runtime, runs, time.perf_counter() - start
 
 
-def selector_with(policies, suffix: str) -> str | None:
-    """The name of the selector policy decoded with ``suffix`` (``<selector>:<suffix>``), or None."""
-    return next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{suffix}")), None)
-
-
-def selector_policies(policies, headline_lookup: str = "rule") -> dict[str, str | None]:
-    """Names of the selector's policies: ``primary`` (the headline: the selector behind the ``headline_lookup``
-    decision when it ran, else behind the other one, else alone), ``alone`` (without lookup, None when it is the
-    primary), ``rule`` / ``learned`` (behind prompt lookup's rule / the learned lookup) and ``other_lookup`` (the
-    one of those two that is not the primary: the headline's peer, None when only one ran)."""
-    from evaluation import online as oe
-
+def selector_policies(policies) -> dict[str, str | None]:
+    """Names of the selector's policies: ``primary`` (the headline: the selector behind prompt lookup when it ran,
+    else the selector alone) and ``alone`` (the selector without lookup, None when it is the primary)."""
     alone = next((p.name for p in policies if p.kind == "selector"), None)
-    rule, learned = selector_with(policies, LOOKUP_TAG), selector_with(policies, oe.LEARNED_LOOKUP)
-    first, second = (learned, rule) if headline_lookup == "learned" else (rule, learned)
-    primary = first or second or alone
-    other = second if first and second else None
-    return {"primary": primary, "alone": alone if primary != alone else None, "rule": rule, "learned": learned,
-            "other_lookup": other}
+    lookup = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
+    primary = lookup or alone
+    return {"primary": primary, "alone": alone if primary != alone else None}
 
 
-def references(off, policies=(), headline_lookup: str = "rule") -> dict[str, str]:
+def references(off) -> dict[str, str]:
     """Label -> policy name of every paired-ratio reference (absent policies are skipped by the table)."""
     from evaluation import online as oe
 
     refs = {"autoregressive": oe.AUTOREGRESSIVE, "traversal_best_static": "static:traversal",
-            "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": "threshold_chain",
-            "prompt_lookup": oe.PROMPT_LOOKUP, "learned_lookup": oe.LEARNED_LOOKUP}
-    # the selector behind the other lookup decision (a reference only beside the headline's: with one of them, a
-    # cascade's rule, its ratio to itself would read 1)
-    other = selector_policies(policies, headline_lookup)["other_lookup"]
-    if other is not None:
-        refs["selector_other_lookup"] = other
+            "adaptive_chain": oe.ADAPTIVE_CHAIN, "threshold_chain": oe.THRESHOLD_CHAIN,
+            "prompt_lookup": oe.PROMPT_LOOKUP}
     if off["best_static"]:
         refs["best_static"] = off["best_static"]
     return refs
@@ -311,7 +264,7 @@ def tables(cfg, off, policies, runs):
 
     ec = cfg.evaluate
     df = pd.DataFrame(runs)
-    refs = references(off, policies, ec.headline_lookup)
+    refs = references(off)
     table = policy_table(df, refs, ec.ci, ec.bootstrap, ec.seed)
     table = {p.name: table[p.name] for p in policies}  # in the order of the policies
     names = [p.name for p in policies]
@@ -326,36 +279,18 @@ def tables(cfg, off, policies, runs):
     return table, gains
 
 
-HEADLINE = {"ar": "autoregressive", "best_static": "best_static", "adaptive_chain": "adaptive_chain",
-            "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup", "learned_lookup": "learned_lookup",
-            "other_lookup": "selector_other_lookup"}
-
-
-def headline(table: dict, primary: str | None, alone: str | None = None) -> dict:
-    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios of the ``primary`` selector policy
-    (None where a peer did not run), the same ``selector_alone_vs_<peer>`` of the selector without lookup
-    (``alone``, when the primary is the selector with lookup first), and the older ``<key>_tps_vs_*`` names."""
-    out: dict = {}
-    for prefix, name in (("selector", primary), ("selector_alone", alone)):
-        if prefix == "selector_alone" and name is None:
-            continue
-        entry = table.get(name, {}) if name else {}
-        for key, ref in HEADLINE.items():
-            r = entry.get(f"tps_vs_{ref}")
-            out[f"{prefix}_vs_{key}"] = r["value"] if r else None
-            out[f"{prefix}_vs_{key}_lo"] = r["low"] if r else None
-            out[f"{prefix}_vs_{key}_hi"] = r["high"] if r else None
-    for key, name in (("selector", primary), ("static_traversal", "static:traversal")):
-        if name in table:
-            out[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
-            if "tps_vs_traversal_best_static" in table[name]:
-                out[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
-    return out
+NOTE = ("tokens/s = sum new tokens / sum wall seconds (prefill included) over prompts x seeds; intervals: {ci:.0%} "
+        "percentile bootstrap over prompts ({bootstrap} resamples), paired by prompt and seed for ratios; offline = "
+        "realized TPS from TEST labels and the step prices (decoding/pricing.py); best statics chosen on TRAIN labels; "
+        "best_static = the hardware-aware best static tree; pricing_audit: measured vs modelled step seconds per "
+        "policy (evaluation/audit.py)")
 
 
 def run(cfg, args) -> int:
     from evaluation import online as oe
-    from evaluation.claims import headline as findings_headline
+    from evaluation.audit import pricing_audit
+    from evaluation.claims import findings_summary
+    from evaluation.paired_stats import selector_ratios
     from evaluation.report import clean, write_outputs
 
     ec = cfg.evaluate
@@ -365,6 +300,8 @@ def run(cfg, args) -> int:
     load_seconds = time.perf_counter() - start - decode_seconds  # labels, the pair, the policies, tuning
     table, gains = tables(cfg, off, policies, runs)
     train_metrics = json.loads(Path(ec.train_metrics).read_text()) if Path(ec.train_metrics).is_file() else None
+    names = selector_policies(policies)
+    primary, alone = names["primary"], names["alone"]
     metrics = {
         "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "threads": cfg.model.threads},
         "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
@@ -375,36 +312,25 @@ def run(cfg, args) -> int:
         "policies": table, "gain_by_temperature": gains["temperature"], "gain_by_source": gains["source"],
         "acceptance_by_depth": oe.depth_acceptance(runs), "best_static": off["best_static"],
         "chosen": {p.name: oe.chosen(runs, p.name) for p in policies
-                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN, oe.PROMPT_LOOKUP, oe.LEARNED_LOOKUP)},
+                   if p.kind in ("selector", oe.ADAPTIVE_CHAIN, oe.THRESHOLD_CHAIN, oe.PROMPT_LOOKUP)},
+        "pricing_audit": pricing_audit(runs),
         "threshold_chain_tuning": off["threshold_chain_tuning"],
         "prompt_lookup_tuning": off.get("prompt_lookup_tuning"),
         "offline": {"test_roots": off["test_roots"], "fit_roots": off["fit_roots"], "statics": off["offline"],
                     "selector": _train_summary(train_metrics)},
-        "findings": off["findings"], "findings_summary": findings_headline(off["findings"]),
-        "note": ("tokens/s = sum new tokens / sum wall seconds (prefill included) over prompts x seeds; intervals: "
-                 f"{ec.ci:.0%} percentile bootstrap over prompts ({ec.bootstrap} resamples), paired by prompt and seed "
-                 "for ratios; offline = realized TPS from TEST labels and the latency profile; best statics chosen "
-                 "on TRAIN labels; best_static = the hardware-aware best static tree (highest TRAIN TPS under the "
-                 "latency model)"),
+        "findings": off["findings"], "findings_summary": findings_summary(off["findings"]),
+        "note": NOTE.format(ci=ec.ci, bootstrap=ec.bootstrap),
     }
-    # the headline: the selector behind evaluate.headline_lookup's decision when it ran, else behind the other, else
-    # the selector alone (auto, or its one method)
-    names = selector_policies(policies, ec.headline_lookup)
-    primary, alone = names["primary"], names["alone"]
     if runtime is not None:
-        calibration = runtime.calibration  # None without evaluate.calibrate
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.feature_set, "policy": primary, "policy_alone": alone,
-                               "policy_lookup_rule": names["rule"], "policy_learned_lookup": names["learned"],
-                               "policy_other_lookup": names["other_lookup"],
-                               "calibration": calibration.to_dict() if calibration is not None else None}
+                               "feature_set": runtime.feature_set, "policy": primary, "policy_alone": alone}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
     trained = alone or primary  # the trained selector's own policy (lookup chains have no offline labels)
     if trained in table and sel_offline is not None:  # its offline ratio (TEST roots, stage train)
         table[trained]["offline"] = {"vs_autoregressive": sel_offline}
-    if primary:  # where the selector speculates, what it chooses, what it gains: per sampling setting / source
-        metrics["selector_by"] = {col: oe.choices_by(runs, primary, col) for col in ("temperature", "source")}
-    metrics.update(headline(table, primary, alone))  # flat, for `dvc metrics diff` and the headline file
+    if primary:  # where the selector speculates or declines, what it chooses: per sampling setting / source
+        metrics["selector_by"] = {col: oe.choices_by(runs, trained, col) for col in ("temperature", "source")}
+    metrics.update(selector_ratios(table, primary, alone))  # flat, for `dvc metrics diff` and the headline file
     paths = write_outputs(cfg, metrics, runs)
     write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)
     print(paths["summary"])
@@ -419,30 +345,10 @@ def _train_summary(train_metrics: dict | None) -> dict | None:
     """The offline TEST table of the trained selector (metrics/train.json of stage train), when present."""
     if not train_metrics:
         return None
-    if "cascade" in train_metrics:
-        return _cascade_summary(train_metrics)
     test = train_metrics.get("test") or train_metrics.get("val") or {}
     keep = ("roots", "tps", "selector_vs_best_static", "selector_vs_oracle", "selector_vs_autoregressive",
-            "selector_vs_traversal_best_static", "best_static", "by_method")
+            "selector_vs_traversal_best_static", "best_static", "by_method", "chosen")
     out = {k: test[k] for k in keep if k in test}
-    out.update({k: train_metrics.get(k) for k in ("method", "feature_set", "objective")})
-    return out
-
-
-def _cascade_summary(train_metrics: dict) -> dict:
-    """A cascade's offline TEST score (stage train's ``cascade.test``), with the references (oracle, autoregressive,
-    best static tokens/s: the same for every selector) from its first stage's TEST table."""
-    cas = (train_metrics.get("cascade") or {}).get("test") or {}
-    ref = ((train_metrics.get("stages") or {}).get("stage1") or {}).get("test") or {}
-    tps = {k: v for k, v in (ref.get("tps") or {}).items() if k != "selector"}
-    if "selector_vs_autoregressive" in cas and "autoregressive" in tps:
-        tps["selector"] = cas["selector_vs_autoregressive"] * tps["autoregressive"]
-    out = {"roots": cas.get("test_roots"), "tps": tps, "best_static": ref.get("best_static"),
-           **{k: cas[k] for k in ("selector_vs_autoregressive", "selector_vs_oracle", "speculate_fraction") if k in cas}}
-    if "best_static" in tps and "selector" in tps:
-        out["selector_vs_best_static"] = tps["selector"] / tps["best_static"]
-    if "traversal_best_static" in tps and "selector" in tps:
-        out["selector_vs_traversal_best_static"] = tps["selector"] / tps["traversal_best_static"]
     out.update({k: train_metrics.get(k) for k in ("method", "feature_set", "objective")})
     return out
 

@@ -4,18 +4,14 @@ Reads: the trained selector (``train.out``), held-out rows of the collected data
 split, else VAL) for the parity check. Writes: ``export.out`` (selector.onnx + selector.json), atomically;
 logs that folder to MLflow as the run's ``selector/`` artifacts and registers it as a version of
 ``export.registered_model`` (so ``mlflow artifacts download -u models:/<name>/<N>`` gives a selector folder as is),
-plus the ONNX model (float32 signature, input example) for the UI; tags the run with the train run id. A trained
-cascade (``stage1/`` + ``stage2/``) is exported stage by stage into ``export.out/<stage>`` with ``cascade.json``,
-and that folder is logged and registered the same way. ``branchpoint decode --selector <export.out>`` decodes with
-either.
+plus the ONNX model (float32 signature, input example) for the UI; tags the run with the train run id.
+``branchpoint decode --selector <export.out>`` decodes with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 from pathlib import Path
 
 SECTIONS = ("model", "tracking", "collect", "train", "export")  # the params sections it loads
@@ -31,6 +27,7 @@ def parity_rows(cfg, meta: dict, rows: int):
     import numpy as np
 
     from data_collection.dataset import load_collected
+    from decoding import pricing
     from decoding.actions import parse_action
     from decoding.features import FeatureSchema, batch_inputs
     from decoding.latency import LatencyModel
@@ -46,7 +43,7 @@ def parity_rows(cfg, meta: dict, rows: int):
     inputs = batch_inputs(schema, cols, latency)
     actions = [parse_action(a) for a in meta["outputs"]["actions"]]
     methods = meta["outputs"]["methods"]
-    seconds = latency.output_seconds_matrix(cols["context_length"], actions, methods, schema.feature_set)  # [N, O]
+    seconds = pricing.step_seconds(latency, cols["context_length"], actions, methods, schema.feature_set)  # [N, O]
     seconds = seconds.astype(np.float32)
     return inputs, seconds
 
@@ -107,58 +104,10 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: 
 
 
 def run(cfg, args) -> int:
-    """Export the trained selector; a trained cascade (``stage1/`` and ``stage2/`` in the source) is exported
-    stage by stage into ``export.out/<stage>`` with the cascade sidecar (`export.cascade`)."""
-    from export.cascade import STAGES, write_cascade_sidecar
-
-    src = Path(args.selector or cfg.train.out)
-    if not all((src / s).is_dir() for s in STAGES):
-        return export_one(cfg, args, src, Path(cfg.export.out))
-    out = Path(cfg.export.out)
-    tmp, old = out.parent / f".{out.name}.cascade.tmp", out.parent / f".{out.name}.cascade.old"
-    for d in (tmp, old):
-        shutil.rmtree(d, ignore_errors=True)
-    try:  # both stages and the sidecar in a temp folder, then one rename: never half a cascade
-        for stage in STAGES:
-            rc = export_one(cfg, argparse.Namespace(**{**vars(args), "no_mlflow": True}), src / stage, tmp / stage)
-            if rc:
-                return rc
-        side = write_cascade_sidecar(tmp)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    stages = ", ".join(f"{k} {v['feature_set']}" for k, v in side["stages"].items())
-    print(f"export: cascade {stages} -> {cfg.export.out}/cascade.json")
-    if not args.no_mlflow and cfg.export.mlflow:
-        from models.selector_network import load_selector
-
-        train_run = load_selector(src / STAGES[0])[1].get("mlflow_run_id")
-        print(f"export: logged to MLflow {log_cascade_to_mlflow(cfg, out, side, train_run)}")
-    return 0
-
-
-def log_cascade_to_mlflow(cfg, folder: Path, side: dict, train_run_id: str | None = None) -> str:
-    """Log a cascade folder (``stage1/``, ``stage2/``, ``cascade.json``) as the run's ``selector/`` artifacts and
-    register it like a single selector: the downloaded folder is what `export.cascade.load_selector` opens."""
-    import mlflow
-
-    from pipeline.tracking import start_run
-
-    tags = {"cascade": "true", **({"train_run_id": train_run_id} if train_run_id else {})}
-    with start_run(cfg, "export", tags=tags) as run:
-        mlflow.log_params({"feature_set": "cascade",
-                           **{f"{k}.feature_set": v["feature_set"] for k, v in side["stages"].items()}})
-        mlflow.log_artifacts(str(folder), artifact_path="selector")
-        return logged_and_registered(cfg, run, train_run_id)
-
-
-def export_one(cfg, args, src: Path, out: Path) -> int:
     from export.onnx_export import export_selector
     from models.selector_network import load_selector
 
+    src, out = Path(args.selector or cfg.train.out), Path(cfg.export.out)
     net, meta = load_selector(src)
     inputs, seconds = parity_rows(cfg, meta, cfg.export.parity_rows)
     sidecar = export_selector(net, meta, out, inputs, seconds, atol=cfg.export.atol)

@@ -54,7 +54,7 @@ def scores(net, data) -> dict[str, dict[str, float]]:
 
 def ablation(cfg, seeds: list[int]) -> dict:
     from pipeline.study import fit_net
-    from pipeline.train import training_data
+    from pipeline.training_data import training_data
 
     c = cfg.replace(train=dataclasses.replace(cfg.train, feature_set=FEATURE_SET))
     _, layout, schema, _, data, _ = training_data(c)

@@ -8,11 +8,11 @@ metrics/headline.json`` and ``dvc exp show --keep`` (README) show a run at a gla
 
 - ``selector_vs_ar`` (+ ``_lo`` / ``_hi``, the paired bootstrap interval), ``selector_vs_best_static``,
   ``selector_vs_threshold_chain``, ``selector_vs_adaptive_chain``: end-to-end tokens/s of the exported
-  selector on the TEST prompts over each reference policy (evaluate); the selector decodes behind a context lookup
-  decision (``evaluate.headline_lookup``: prompt lookup's tuned rule, ``<selector>:lookup``, by default, or the learned
-  lookup, ``<selector>:learned_lookup``), ``selector_vs_prompt_lookup`` compares it with prompt lookup decoding alone
-  and ``selector_vs_other_lookup`` with the selector behind the other decision;
-  ``selector_alone_vs_ar`` (+ interval) is the selector without lookup;
+  selector on the TEST prompts over each reference policy (evaluate); the selector decodes behind prompt lookup's
+  tuned rule (``<selector>:lookup``), ``selector_vs_prompt_lookup`` compares it with prompt lookup decoding alone;
+  ``selector_alone_vs_ar`` (+ interval) and ``selector_alone_vs_best_static`` are the selector without lookup;
+- ``pricing_worst_relative``: of every policy's measured / modelled step seconds over autoregressive's (evaluate's
+  pricing audit), the one farthest from 1;
 - ``selector_tokens_per_second``, ``selector_block_efficiency``: the selector's own online numbers;
 - ``offline_selector_vs_ar``, ``offline_oracle_vs_ar``: realized TPS on TEST labels (selector, per-root oracle);
 - ``draft_acceptance``: the draft's per-token acceptance on TEST prompts (mean over temperatures);
@@ -32,7 +32,8 @@ SECTIONS = ("train_draft", "collect", "evaluate")  # the params sections it load
 OUT = "metrics/headline.json"
 KEYS = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_vs_best_static",
         "selector_vs_threshold_chain", "selector_vs_adaptive_chain", "selector_vs_prompt_lookup",
-        "selector_vs_other_lookup", "selector_alone_vs_ar", "selector_alone_vs_ar_lo", "selector_alone_vs_ar_hi", "selector_tokens_per_second",
+        "selector_alone_vs_ar", "selector_alone_vs_ar_lo", "selector_alone_vs_ar_hi", "selector_alone_vs_best_static",
+        "pricing_worst_relative", "selector_tokens_per_second",
         "selector_block_efficiency", "offline_selector_vs_ar", "offline_oracle_vs_ar", "draft_acceptance",
         "collect_seconds_per_root")
 
@@ -77,7 +78,7 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def evaluate_headline(ev: dict) -> dict:
+def from_evaluate(ev: dict) -> dict:
     """The evaluate part: flat ``selector_vs_*`` keys when the evaluate stage writes them, else read from its
     policy table (the selector policy named in ``ev["selector"]["policy"]``)."""
     policy = (ev.get("selector") or {}).get("policy") or "selector"
@@ -92,10 +93,11 @@ def evaluate_headline(ev: dict) -> dict:
         "selector_vs_threshold_chain": _get(ev, "selector_vs_threshold_chain"),
         "selector_vs_adaptive_chain": _get(ev, "selector_vs_adaptive_chain"),
         "selector_vs_prompt_lookup": _get(ev, "selector_vs_prompt_lookup"),
-        "selector_vs_other_lookup": _get(ev, "selector_vs_other_lookup"),
         "selector_alone_vs_ar": _get(ev, "selector_alone_vs_ar"),
         "selector_alone_vs_ar_lo": _get(ev, "selector_alone_vs_ar_lo"),
         "selector_alone_vs_ar_hi": _get(ev, "selector_alone_vs_ar_hi"),
+        "selector_alone_vs_best_static": _get(ev, "selector_alone_vs_best_static"),
+        "pricing_worst_relative": _worst_relative(ev.get("pricing_audit") or {}),
         "selector_tokens_per_second": _get(sel, "tokens_per_second", "value"),
         "selector_block_efficiency": _get(sel, "block_efficiency", "value"),
         "offline_selector_vs_ar": _get(offline, "selector_vs_autoregressive"),
@@ -103,11 +105,16 @@ def evaluate_headline(ev: dict) -> dict:
     }
 
 
-def headline(ev: dict, collect: dict, draft: dict) -> dict:
+def _worst_relative(audit: dict) -> float | None:
+    values = [e["relative_to_autoregressive"] for e in audit.values() if e.get("relative_to_autoregressive")]
+    return max(values, key=lambda v: abs(v - 1)) if values else None
+
+
+def headline_metrics(ev: dict, collect: dict, draft: dict) -> dict:
     """All of `KEYS`, in that order (None where a stage did not write the number)."""
     acceptance = [float(v) for k, v in sorted(draft.items()) if k.startswith("acceptance_test_")
                   and isinstance(v, (int, float)) and math.isfinite(v)]
-    out = {**evaluate_headline(ev),
+    out = {**from_evaluate(ev),
            "draft_acceptance": sum(acceptance) / len(acceptance) if acceptance else None,
            "collect_seconds_per_root": _get(collect, "seconds_per_root", "total")}
     return {k: out[k] for k in KEYS}
@@ -127,7 +134,7 @@ def run(cfg, args) -> int:
         print(experiments_table(json.loads(done.stdout)))
         return 0
     out = args.out
-    values = headline(_read(cfg.evaluate.metrics), _read(cfg.collect.metrics), _read(cfg.train_draft.metrics))
+    values = headline_metrics(_read(cfg.evaluate.metrics), _read(cfg.collect.metrics), _read(cfg.train_draft.metrics))
     write_json_atomic(out, {"headline": values}, sort_keys=False)
     width = max(map(len, values))
     for k, v in values.items():

@@ -107,6 +107,7 @@ def study(cfg, roots: int, trees: int, split: str, methods: list[str], seed: int
     import torch
 
     from data_collection.trajectories import load_trajectories
+    from decoding import pricing
     from decoding.actions import AR_ACTION
     from decoding.errors import UserInputError
     from decoding.latency import LatencyModel
@@ -124,7 +125,7 @@ def study(cfg, roots: int, trees: int, split: str, methods: list[str], seed: int
     picked = pick_roots(trajs, cfg.collect.root_stride, set(eos_ids(pair.tokenizer, pair.target)), roots, seed)
     start = time.perf_counter()
     values, ctx = tree_labels(pair, space, methods, picked, trees, cfg.collect.seed)
-    T = LatencyModel.load(cfg.profile.out).step_seconds_matrix(ctx, space)
+    T = pricing.step_seconds(LatencyModel.load(cfg.profile.out), ctx, space)
     speculating = np.asarray([a.tree_size > 0 for a in space])
     return {"roots": int(len(ctx)), "trajectories": len(picked), "split": split, "trees": trees,
             "seconds": time.perf_counter() - start, "latency_profile": cfg.profile.out, "actions": len(space),

@@ -81,8 +81,9 @@ def run(cfg, args) -> int:
 
     from data_collection.profile import profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
-    from data_collection.step_overhead import measure_step_overhead
+    from data_collection.step_prices import measure_step_ratios
     from data_collection.verify_cost import measure_verify_seconds
+    from decoding.features import FeatureSchema
     from decoding.sampling import Sampling
 
     p = cfg.profile
@@ -98,12 +99,13 @@ def run(cfg, args) -> int:
     model = profile_pair(target, draft, vocab, ids, p.contexts, p.draft_rows, p.target_tokens, p.repeats,
                          p.warmup, p.feature_repeats, sampling, progress=None if args.no_progress else "profile",
                          meta=meta)
-    if p.overhead_tokens:  # whole engine steps, priced by the tables just measured: what they leave out
-        overhead, by_action = measure_step_overhead(target, draft, vocab, ids[: min(p.contexts[-1], 256)], model,
-                                                    new_tokens=p.overhead_tokens, sampling=sampling)
-        measured = {a: row["overhead_ms"] / 1e3 for a, row in by_action.items()}  # each decoded shape's own residual
-        model = dataclasses.replace(model, step_overhead=overhead, action_overhead=measured,
-                                    meta={**model.meta, "step_overhead_by_action": by_action})
+    if p.price_rounds:  # whole engine steps as ratios to plain steps of the same rounds (decoding/pricing.py)
+        schema = FeatureSchema.for_pair("target_only", target.config.hidden_size, target.config.hidden_size)
+        ratios, by_class = measure_step_ratios(
+            target, draft, vocab, [tile_ids(ids, c) for c in p.price_contexts], model, list(cfg.actions.space()),
+            p.lookup_lengths, schema, p.price_tokens, p.price_rounds, sampling,
+            None if args.no_progress else "step prices")
+        model = dataclasses.replace(model, step_ratios=ratios, meta={**model.meta, "step_ratios_by_class": by_class})
     if p.verify_repeats:  # each method's verify call per shape, on trees of the pair's own rows
         q_pool, p_pool = pair_rows(target, draft, vocab, ids[: min(p.contexts[-1], 256)], sampling)
         verify = measure_verify_seconds(list(cfg.actions.space()), q_pool, p_pool, repeats=p.verify_repeats,
@@ -118,16 +120,10 @@ def run(cfg, args) -> int:
         f"n={n} {model.t_p(c, n) * 1e3:.1f}" for n in p.target_tokens if n in (1, 2, 4, 8, 16, 32)))
     print(f"at context {c}: draft step (ms) " + ", ".join(
         f"rows={r} {model.t_q(c, r) * 1e3:.1f}" for r in p.draft_rows))
-    o = model.step_overhead
-    print(f"step overhead beyond the forwards (ms): plain {o['plain'] * 1e3:.2f}, speculative "
-          f"{o['speculative'] * 1e3:.2f} + {o['per_forward'] * 1e3:.2f} per draft forward + "
-          f"{o['per_node'] * 1e3:.3f} per tree node; measured shapes: " + ", ".join(
-              f"{a} {v * 1e3:+.1f}" for a, v in model.action_overhead.items()))
-    rows = model.meta.get("step_overhead_by_action", {}).values()
-    if rows:  # how much slower than the tables the machine ran while the overhead was measured
-        factors = [r["speed_factor"] for r in rows]
-        print(f"the machine ran {min(factors):.3f}-{max(factors):.3f}x the tables' time while the overhead was "
-              "measured (divided out)")
+    sr = model.step_ratios
+    print(f"whole steps over a plain step ({sr.plain_scale:.2f}x the tables' one-token pass; deciding adds "
+          f"{sr.decide_ratio:.3f}): " + ", ".join(f"{a} {r:.2f}" for a, r in list(sr.actions.items())[:8])
+          + ("; lookup " + ", ".join(f"{n} {r:.2f}" for n, r in sorted(sr.lookup.items())) if sr.lookup else ""))
     if model.verify_seconds:
         shown = [a for a in ("2,0,1", "3,0,1", "1,1,0", "2,1,2") if a in model.verify_seconds.get("traversal", {})]
         print("verification (ms): " + "; ".join(

@@ -207,8 +207,8 @@ def rerun_table(dvc: dict, areas: list[str]) -> dict[str, int]:
     return {a: sum(any(_covers(d, a) for d in s.get("deps", [])) for s in dvc["stages"].values()) for a in areas}
 
 
-AREAS = ["decoding", "decoding/verifiers", "decoding/engine", "models", "data_collection", "evaluation",
-         "export", "pipeline/config.py", "pipeline/sections/model.py", "pipeline/sections/collect.py",
+AREAS = ["decoding", "decoding/verifiers", "decoding/engine", "decoding/policy.py", "decoding/lookup.py",
+         "decoding/pricing.py", "decoding/latency.py", "models", "data_collection", "evaluation", "export", "pipeline/config.py", "pipeline/sections/model.py", "pipeline/sections/collect.py",
          "pipeline/sections/evaluate.py", "pipeline/tracking.py"]
 
 

@@ -7,12 +7,8 @@ same TEST roots (`models.selector_eval.evaluate`): selector / oracle, / best sta
 regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
 (``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
 
-``cascade``: the two-stage decision, offline on TEST roots. Stage 1 is a ``target_only`` selector (no draft
-work: declining costs one plain step plus its features); where it speculates, stage 2, a ``paper``
-selector trained on the same labels, picks the tree among the speculating outputs and the step pays the
-draft's root step and both networks. Compared with ``paper`` and ``target_only`` alone (realized TPS from
-labels and the latency profile; ratios to autoregressive and to the per-root oracle). Writes
-metrics/study_cascade.json. Online: ``train.feature_set: cascade`` and export/cascade.py (docs/selector.md).
+(The two-stage ``cascade`` study and its online runtime were removed when they did not become the default; their
+numbers are in docs/selector.md.)
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ def fit_net(cfg, data, layout, schema):
     from models.selector_data import SelectorDataModule
     from models.selector_network import SelectorNet
     from models.selector_training import fit_selector
-    from pipeline.train import hparams
+    from pipeline.training_data import hparams
 
     tc = cfg.train
     net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
@@ -66,7 +62,7 @@ def fit_and_score(cfg, data, layout, schema) -> dict:
 
 
 def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
-    from pipeline.train import training_data
+    from pipeline.training_data import training_data
 
     _, layout, schema, _, data, _ = training_data(cfg)
     if not len(data.rows("test")):
@@ -84,59 +80,6 @@ def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
             "method": cfg.train.method, "seed": seed, "dataset": cfg.collect.out, "points": points,
             "note": "each point: a selector trained on the first fraction of the shuffled TRAIN prompts, "
                     "scored on all TEST roots (offline, labels + latency profile)"}
-
-
-def cascade_choice(pred1, t1, pred2, t2, valid, speculating) -> tuple[np.ndarray, np.ndarray]:
-    """``(choice [N], seconds [N])`` of the cascade on the roots of ``t1`` / ``t2`` (`SelectorData` of the two
-    feature sets, same rows): stage 1 picks argmax Ê1 / T1 over the valid outputs; where that output
-    speculates, stage 2 picks argmax Ê2 / T2 over the valid speculating outputs and the step costs stage 2's
-    step (features with the draft's root step, its inference) plus stage 1's overhead (its features and
-    inference); where it declines, the step is stage 1's plain step."""
-    from decoding import throughput
-
-    rows = np.arange(pred1.shape[0])
-    c1 = throughput.choose(pred1, t1.cost, valid)
-    c2 = throughput.choose(pred2, t2.cost, valid & speculating)
-    spec = speculating[c1]
-    overhead1 = t1.cost[rows, c1] - t1.cost_static[rows, c1]
-    return np.where(spec, c2, c1), np.where(spec, t2.cost[rows, c2] + overhead1, t1.cost[rows, c1])
-
-
-def cascade_score(pred1, t1, pred2, t2, valid) -> dict:
-    """Realized TPS of the cascade (`cascade_choice`) on the roots of ``t1`` / ``t2`` as ratios to autoregressive
-    and the per-root oracle, and the fraction of roots where it speculates."""
-    from decoding import throughput
-
-    speculating = np.array([t1.layout.output(o)[1].tree_size > 0 for o in range(t1.layout.size)])
-    choice, seconds = cascade_choice(pred1, t1, pred2, t2, valid, speculating)
-    E = np.where(valid, t1.labels.astype(np.float64), np.nan)
-    tps = float(E[np.arange(len(t1)), choice].sum() / seconds.sum())
-    ar = float(len(t1) / t1.cost_ar.sum())
-    oracle = throughput.realized_tps(E, t1.cost_static, throughput.oracle_choice(E, t1.cost_static))
-    return {"test_roots": len(t1), "selector_vs_autoregressive": tps / ar, "selector_vs_oracle": tps / oracle,
-            "speculate_fraction": float(speculating[choice].mean())}
-
-
-def cascade(cfg) -> dict:
-    """Both stages trained on the same labels; the cascade and each feature set alone on TEST (offline)."""
-    import dataclasses
-
-    from models.selector_training import predict
-    from pipeline.train import training_data
-
-    results, nets = {}, {}
-    for fs in ("target_only", "paper"):
-        c = cfg.replace(train=dataclasses.replace(cfg.train, feature_set=fs))
-        _, layout, schema, _, data, _ = training_data(c)
-        net = fit_net(c, data, layout, schema)
-        results[fs] = score(net, data)
-        nets[fs] = (net, data.subset(data.rows("test")), data.subset(data.rows("train")).valid_outputs())
-    (net1, t1, valid), (net2, t2, _) = nets["target_only"], nets["paper"]
-    results["cascade"] = cascade_score(predict(net1, t1), t1, predict(net2, t2), t2, valid)
-    print("study cascade: " + ", ".join(f"{k} {v['selector_vs_autoregressive']:.3f}x AR, "
-                                        f"{v['selector_vs_oracle']:.3f}x oracle" for k, v in results.items()))
-    return {"study": "cascade", "objective": cfg.train.objective, "method": cfg.train.method, "seed": cfg.train.seed,
-            "dataset": cfg.collect.out, "results": results}
 
 
 def plot(result: dict, path: Path) -> Path:
@@ -194,20 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     lc.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0])
     lc.add_argument("--seed", type=int, default=0, help="shuffle of the TRAIN prompts")
     lc.add_argument("--out", default="metrics/study_learning_curve.json")
-    cs = sub.add_parser("cascade", help="two-stage decision vs paper / target_only alone (TEST roots, offline)")
-    cs.add_argument("--out", default="metrics/study_cascade.json")
-    for p in (lc, cs):
-        add_config_arguments(p)
+    add_config_arguments(lc)
     args = parser.parse_args(argv)
     if args.study == "learning-curve" and any(not 0 < f <= 1 for f in args.fractions):
         parser.error(f"--fractions must be in (0, 1], got {args.fractions}")
     cfg = study_config(args)
     out = Path(args.out)
-    if args.study == "cascade":
-        result = cascade(cfg)
-    else:
-        result = learning_curve(cfg, sorted(args.fractions), args.seed)
-        result["plot"] = str(plot(result, out.with_suffix(".png")))
+    result = learning_curve(cfg, sorted(args.fractions), args.seed)
+    result["plot"] = str(plot(result, out.with_suffix(".png")))
     write_json_atomic(out, result)
     print(json.dumps({"out": str(out), "plot": result.get("plot")}))
     return 0

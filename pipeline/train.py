@@ -3,13 +3,11 @@
 Reads: the collected dataset (``collect.out``: features + labels, splits by prompt), the latency profile
 (``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector_network.save_selector`:
 weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and ``train.metrics``
-(metrics/train.json); ``train.feature_set: cascade`` trains one selector per stage of the two-stage decision
-(`CASCADE_STAGES`: stage 1 target-side only, stage 2 with the draft's root step) into ``train.out/stage1`` and
-``train.out/stage2`` (`run`). Steps of one selector (`train_one`):
+(metrics/train.json). Steps:
 
 1. arrays of every root for the feature set and output layout (``train.method``: one method, or ``auto``:
-   every (method, action)); step costs from the latency model, the selector's including its features
-   and (``charge_inference``) its own forward time measured here;
+   every (method, action)); step costs from `decoding.pricing`, the selector's including what deciding costs
+   and (``charge_inference``) its own forward time measured here (`pipeline.training_data`);
 2. Lightning fit (objective ``train.objective``), standardization fitted on TRAIN, validation on VAL each
    epoch (realized TPS, regret, MAE, Spearman; MLflow ``val/...``), best epoch restored;
 3. TEST report of the selector and of the scikit-learn baselines (``train.baselines``, each its own MLflow
@@ -24,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import shutil
 import time
 from pathlib import Path
+
+from pipeline.training_data import hparams, training_data
 
 SECTIONS = ("model", "tracking", "profile", "collect", "train")  # the params sections it loads
 
@@ -36,35 +34,6 @@ SECTIONS = ("model", "tracking", "profile", "collect", "train")  # the params se
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="show Lightning's progress bar")
     parser.add_argument("--run-name", default=None, help="MLflow run name (default: method/feature set/objective)")
-
-
-def layout_for(tc, manifest: dict):
-    from decoding.actions import parse_action
-    from models.selector_network import OutputLayout
-    from pipeline.config import ConfigError
-
-    collected = list(manifest["methods"])
-    methods = (tc.auto_methods or collected) if tc.method == "auto" else [tc.method]
-    missing = [m for m in methods if m not in collected]
-    if missing:
-        raise ConfigError(f"train.method / train.auto_methods name {missing}, but the dataset has labels only for "
-                         f"{collected}; add them to collect.methods and re-collect, or choose among those")
-    return OutputLayout(tuple(methods), tuple(parse_action(a) for a in manifest["actions"]), tc.method == "auto")
-
-
-def inference_seconds(net, reps: int = 200) -> float:
-    """Median seconds of one forward of ``net`` on one root (batch 1, CPU, inference mode)."""
-    import numpy as np
-    import torch
-
-    xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
-    times = []
-    with torch.inference_mode():
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            net(*xs)
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def _summary(report: dict) -> dict:
@@ -101,36 +70,6 @@ def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
         client.log_batch(run_id, metrics=items[i:i + 900])
 
 
-def training_data(cfg):
-    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset."""
-    import numpy as np
-
-    from data_collection.dataset import label_matrix, load_collected, read_manifest
-    from data_collection.dataset_schema import label_se_column
-    from decoding.features import FeatureSchema
-    from decoding.latency import LatencyModel
-    from models.selector_data import build_selector_data
-    from models.selector_network import SelectorNet
-
-    tc = cfg.train
-    manifest = read_manifest(cfg.collect.out)
-    layout = layout_for(tc, manifest)
-    hidden = manifest["pair"]["hidden_sizes"]
-    schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
-    latency = LatencyModel.load(cfg.profile.out)
-    ds = load_collected(cfg.collect.out)
-    cols = ds.with_format("numpy")[:]
-    collected = list(manifest["methods"])
-    labels = {m: label_matrix(ds, m) for m in collected}
-    label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
-    # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
-    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
-                        *layout.constraints())
-    infer = inference_seconds(probe) if tc.charge_inference else 0.0
-    data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
-    return manifest, layout, schema, latency, data, infer
-
-
 def start_tracking(cfg, args, manifest, layout, data, infer):
     """``(MLflow logger, params, tags, tracking uri)`` of the selector's run; logs its hyperparameters once."""
     from pytorch_lightning.loggers import MLFlowLogger
@@ -151,14 +90,6 @@ def start_tracking(cfg, args, manifest, layout, data, infer):
               **{f"roots_{s}": int((data.split == s).sum()) for s in ("train", "val", "test")}}
     logger.log_hyperparams(params)  # the one explicit hyperparameter log
     return logger, params, tags, uri
-
-
-def hparams(tc):
-    from models.selector_training import SelectorHParams
-
-    return SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
-                           label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
-                           throughput_alpha=tc.throughput_alpha)
 
 
 def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
@@ -219,59 +150,7 @@ def train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_r
     }
 
 
-CASCADE = "cascade"  # train.feature_set of the two-stage decision: one selector per stage, same labels
-CASCADE_STAGES = {"stage1": "target_only", "stage2": "paper"}  # stage -> feature set (export/cascade.py)
-
-
 def run(cfg, args) -> int:
-    """Train one selector, or with ``train.feature_set: cascade`` one per stage (`CASCADE_STAGES`) from the same
-    labels into ``train.out/<stage>``; the cascade's metrics file holds each stage's metrics under ``stages``."""
-    from decoding.files import write_json_atomic
-
-    tc = cfg.train
-    if tc.feature_set != CASCADE:
-        for stage in CASCADE_STAGES:  # a cascade trained here before: export must not take its stages
-            shutil.rmtree(Path(tc.out) / stage, ignore_errors=True)
-        return train_one(cfg, args)
-    stages = {}
-    for stage, fs in CASCADE_STAGES.items():
-        metrics_path = Path(tc.out) / stage / "train_metrics.json"
-        sub = cfg.replace(train=dataclasses.replace(tc, feature_set=fs, out=str(Path(tc.out) / stage),
-                                                                 metrics=str(metrics_path)))
-        run_name = f"{args.run_name or f'{tc.method}/cascade/{tc.objective}'}/{stage}"
-        rc = train_one(sub, argparse.Namespace(**{**vars(args), "run_name": run_name}))
-        if rc:
-            return rc
-        stages[stage] = {"feature_set": fs, **json.loads(metrics_path.read_text())}
-    write_json_atomic(tc.metrics, {"method": tc.method, "feature_set": CASCADE, "objective": tc.objective,
-                                   "cascade": cascade_offline(cfg), "stages": stages})
-    print(f"train: cascade {CASCADE_STAGES} -> {tc.out}/{{{','.join(CASCADE_STAGES)}}}, {tc.metrics}")
-    return 0
-
-
-def cascade_offline(cfg) -> dict:
-    """The trained cascade (``train.out/<stage>``) offline on the VAL and TEST roots (`pipeline.study.cascade_score`:
-    stage 1 declines or speculates, stage 2 picks the tree, both stages' costs charged)."""
-    from models.selector_network import load_selector
-    from models.selector_training import predict
-    from pipeline.study import cascade_score
-
-    parts = {}
-    for stage, fs in CASCADE_STAGES.items():
-        c = cfg.replace(train=dataclasses.replace(cfg.train, feature_set=fs))
-        data = training_data(c)[4]
-        net, _ = load_selector(Path(cfg.train.out) / stage)
-        parts[stage] = (net, data, data.subset(data.rows("train")).valid_outputs())
-    out = {}
-    for split in ("val", "test"):
-        (net1, d1, valid), (net2, d2, _) = parts["stage1"], parts["stage2"]
-        t1, t2 = d1.subset(d1.rows(split)), d2.subset(d2.rows(split))
-        if len(t1):
-            out[split] = cascade_score(predict(net1, t1), t1, predict(net2, t2), t2, valid)
-    return out
-
-
-def train_one(cfg, args) -> int:
     import torch
 
     from decoding.files import write_json_atomic

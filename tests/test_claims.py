@@ -13,8 +13,8 @@ from evaluation.claims import (
     depth_profile,
     families,
     findings,
+    findings_summary,
     gbv_comparison,
-    headline,
     markdown,
 )
 
@@ -136,7 +136,7 @@ def test_findings_and_markdown():
     assert "1. **Traversal beats every OT method at root branching: holds.**" in text
     assert "2. **Delaying the branch point" in text and "3. **OT acceptance" in text
     assert "| root_branching | T=0.6 | 3 |" in text
-    h = headline(f)
+    h = findings_summary(f)
     assert h["claim1_holds"] == 1.0 and h["gbv_vs_traversal_root_branching"] == pytest.approx(1.05 / 1.1 - 1, abs=0.02)
 
 

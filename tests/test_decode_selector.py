@@ -47,13 +47,6 @@ def test_decode_reports_the_methods_and_actions_its_steps_used(project, tmp_path
     assert "traversal" not in printed and "traversal" not in stats["method"]
     assert stats["method"].startswith("selector (") and stats["methods"] == used["methods"]
     assert f"steps used: methods {next(iter(used['methods']))}" in printed
-    assert "online calibration" not in printed
-    assert main(["decode", "--params", params, "--selector", str(root / "selector"), "--prompt", "w5 w9",
-                 "--max-new-tokens", "16", "--temperature", "1.0", "--calibrate"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if "online calibration" in x)
-    assert "OnlineCalibration(draft x" in line and "target x" in line and "steps {" in line
-    assert main(["decode", "--params", params, "--calibrate"]) == 2
-    assert "--calibrate corrects a selector's step times: it needs --selector" in _error(capsys)
 
 
 def _error(capsys) -> str:

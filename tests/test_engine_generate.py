@@ -6,7 +6,7 @@ import torch
 from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
-from decoding.engine import AUTOREGRESSIVE, RootFeatures, SpeculativeDecoder, generate
+from decoding.engine import AUTOREGRESSIVE, Policy, RootFeatures, SpeculativeDecoder, generate
 from decoding.engine.torch_sampling import transform_logits
 from decoding.sampling import Sampling, transform_logits_np
 from decoding.verifiers import METHODS
@@ -88,7 +88,7 @@ def test_sampling_is_deterministic_under_a_seed(pair):
     assert a.tokens == b.tokens and a.tokens != c.tokens
 
 
-class CountingSelector:
+class CountingSelector(Policy):
     """A selector that alternates between two actions and records what it saw."""
 
     needs_hidden_states = True
@@ -147,7 +147,7 @@ def test_bad_inputs_fail_clearly(pair):
         generate(target, None, [1, 2], 5, method="specinfer")
     with pytest.raises(ValueError, match="at least one token"):
         generate(target, draft, [], 5)
-    with pytest.raises(TypeError, match="selector"):
+    with pytest.raises(TypeError, match="decoding.policy.Policy"):
         generate(target, draft, [1, 2], 5, policy="2,2,3")
 
 
@@ -169,7 +169,7 @@ def test_sampling_transform_torch_matches_numpy(sampling):
             assert base[row == 0].max(initial=0) <= kept[0] + 1e-12
 
 
-class MethodSwitcher:
+class MethodSwitcher(Policy):
     """Picks the verification method per step too (what a ``method: auto`` selector does)."""
 
     needs_draft = False

@@ -78,17 +78,12 @@ def params(tmp_path_factory):
     finally:
         torch.set_num_threads(before)
     toy_latency().save(root / "latency.json")
-    from decoding.files import write_json_atomic
-    from decoding.lookup_gate import LookupGate
+    from decoding import pricing
 
-    # a gate that predicts every repeat pays (these random tokens repeat by one token at most)
-    gate = LookupGate.fit(np.array([1, 1, 12]), np.ones(3), np.full((3, 3), 0.95), prior=0.0)
-    write_json_atomic(root / "gate.json", gate.to_dict())
     net, meta, schema = random_selector("paper", methods=tuple(METHODS), hidden=(32, 32), seed=2)
     inputs = random_inputs(schema, 16, seed=1)
-    lat = toy_latency()
-    ctx = inputs["scalars"][:, schema.scalars.index("context_length")]
-    seconds = np.stack([np.tile(lat.step_seconds(int(c), list(SPACE), features="paper"), len(METHODS)) for c in ctx])
+    ctx = inputs["scalars"][:, schema.scalars.index("context_length")].astype(int)
+    seconds = pricing.step_seconds(toy_latency(), ctx, list(SPACE), METHODS, "paper")
     export_selector(net, meta, root / "selector", inputs, seconds.astype(np.float32))
     path = root / "params.yaml"
     path.write_text(
@@ -97,13 +92,12 @@ def params(tmp_path_factory):
         f"trajectories:\n  out: {root / 'traj'}\n"
         f"collect:\n  out: {root / 'collect'}\n  methods: [{', '.join(METHODS)}]\n"
         f"profile:\n  out: {root / 'latency.json'}\n"
-        f"lookup:\n  gate: {root / 'gate.json'}\n"
         f"export:\n  out: {root / 'selector'}\n"
         f"tracking:\n  uri: sqlite:///{root / 'mlflow.db'}\n  experiment: eval-test\n"
         "evaluate:\n  prompts: 2\n  seeds: [0, 1]\n  max_new_tokens: 8\n  methods: [specinfer, gbv]\n"
-        "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n  chain: true\n  learned_lookup: true\n"
+        "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n  chain: true\n"
         "  tune_prompts: 3\n  tune_max_new_tokens: 6\n  tune_lengths: [1, 3]\n  tune_thresholds: [0.0, 1.0]\n"
-        "  lookup_lengths: [1, 2]\n  lookup_min_ngrams: [1]\n  lookup_tune_max_new_tokens: 6\n  calibrate: true\n"
+        "  lookup_lengths: [1, 2]\n  lookup_min_ngrams: [1]\n  lookup_tune_max_new_tokens: 6\n"
         f"  train_metrics: {root / 'train.json'}\n  metrics: {root / 'out/evaluate.json'}\n"
         f"  plots: {root / 'out/plots'}\n  report: {root / 'out/reports/report.md'}\n")
     return root, path
@@ -117,13 +111,11 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     printed = capsys.readouterr().out
     m = json.loads((root / "out/evaluate.json").read_text())
     names = ["autoregressive", "chain", "static:traversal", "static:specinfer", "static:gbv", "adaptive_chain",
-             "threshold_chain", "prompt_lookup", "learned_lookup", "selector:auto", "selector:traversal", "selector:gbv",
-             "selector:auto:uncalibrated", "selector:auto:lookup", "selector:auto:learned_lookup"]
+             "threshold_chain", "prompt_lookup", "selector:auto", "selector:traversal", "selector:gbv",
+             "selector:auto:lookup"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 60}
-    cal = m["selector"]["calibration"]  # the primary selector's online calibration, after every decode
-    assert sum(cal["steps"].values()) >= m["policies"]["selector:auto"]["units"] and cal["half_life"] > 0
-    assert all(0.25 <= f <= 4 for f in cal["factors"].values()), cal
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 44}
+    _check_pricing_audit(m)
     for name, e in m["policies"].items():
         assert e["units"] == 4 and e["prompts"] == 2
         r = e["tokens_per_second"]
@@ -142,10 +134,8 @@ def test_evaluate_stage_writes_every_output(params, capsys):
         used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
         assert used <= {method, "autoregressive"}, used
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
-    # the headline policy is the selector behind prompt lookup's rule (evaluate.headline_lookup's default); the
-    # selector alone and behind the learned lookup are reported beside it
+    # the headline policy is the selector behind prompt lookup's rule; the selector alone is reported beside it
     assert m["selector"]["policy"] == "selector:auto:lookup" and m["selector"]["policy_alone"] == "selector:auto"
-    assert m["selector"]["policy_other_lookup"] == m["selector"]["policy_learned_lookup"] == "selector:auto:learned_lookup"
     primary = m["policies"]["selector:auto:lookup"]
     assert m["selector_tps_vs_autoregressive"] == primary["tps_vs_autoregressive"]["value"]
     assert m["selector_alone_vs_ar"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
@@ -154,8 +144,7 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
     for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain"),
-                     ("threshold_chain", "threshold_chain"), ("prompt_lookup", "prompt_lookup"),
-                     ("learned_lookup", "learned_lookup"), ("other_lookup", "selector_other_lookup")):
+                     ("threshold_chain", "threshold_chain"), ("prompt_lookup", "prompt_lookup")):
         r = sel[f"tps_vs_{ref}"]
         assert (m[f"selector_vs_{key}"], m[f"selector_vs_{key}_lo"], m[f"selector_vs_{key}_hi"]) == (
             r["value"], r["low"], r["high"]) and r["low"] <= r["value"] <= r["high"]
@@ -180,12 +169,6 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert set(plain) <= {"autoregressive"} | {f"naive:1,{n},0+lookup" for n in (1, 2)}, plain
     with_lookup = m["chosen"]["selector:auto:lookup"]
     assert any(k.endswith("+lookup") for k in with_lookup) and any(not k.endswith("+lookup") for k in with_lookup)
-    # the learned lookup: chains after the longest repeat (any length up to the gate's 3) or plain steps, no draft;
-    # with the selector it also drafts where no repeat paid
-    learned = m["chosen"]["learned_lookup"]
-    assert set(learned) <= {"autoregressive"} | {f"naive:1,{n},0+lookup" for n in (1, 2, 3)}, learned
-    assert any(k.endswith("+lookup") for k in learned), learned
-    assert any(not k.endswith("+lookup") for k in m["chosen"]["selector:auto:learned_lookup"])
     adaptive = m["chosen"]["adaptive_chain"]  # naive chains only (the grid's K = 1, L2 = 0 actions)
     assert adaptive and all(k.split(":")[0] == "naive" and parse_action(k.split(":")[1]).is_chain for k in adaptive)
     depth = (root / "out/plots/acceptance_by_depth.csv").read_text().splitlines()
@@ -204,7 +187,7 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     report = (root / "out/reports/report.md").read_text()
     figures = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
     assert len(figures) >= 4 and all((root / "out/reports" / f).is_file() for f in figures)
-    assert "| T = 0.6 |" in report and "## Where the selector speculates" in report
+    assert "| T = 0.6 |" in report and "## Where the selector speculates" in report and "## Pricing audit" in report
     assert "| selector:auto |" in report and "GBV vs Traversal" in report and "static:traversal" in printed
     import mlflow
 
@@ -233,37 +216,39 @@ def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded
     from decoding.latency import LatencyModel
 
     cols, labels, space = load_labels(cfg)
-    T, offsets = oe.step_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
-                                 [*METHODS, oe.CHAIN_METHOD])
+    T = oe.static_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
+                          [*METHODS, oe.CHAIN_METHOD])
     fit = cols["split"] == "train"
-    statics = oe.best_statics({m: E[fit] for m, E in labels.items()}, T[fit], space, METHODS, True, offsets)
-    train_tps = oe.offline_tps({m: E[fit] for m, E in labels.items()}, T[fit], statics, space, offsets)
+    on_fit = ({m: E[fit] for m, E in labels.items()}, {m: t[fit] for m, t in T.items()})
+    statics = oe.best_statics(*on_fit, space, METHODS, True)
+    train_tps = oe.offline_tps(*on_fit, statics, space)
     assert off["best_static"] == max((f"static:{m}" for m in METHODS), key=lambda n: train_tps[n]["tps"])
 
 
-def test_the_headline_lookup_decision_and_its_peer():
-    """evaluate.headline_lookup picks the headline among the selector's lookup policies; the other one is its peer,
-    and with only one of them (a cascade decodes no learned lookup) there is no ratio of the headline to itself."""
+def test_the_headline_is_the_selector_behind_prompt_lookup_when_it_ran():
     from types import SimpleNamespace
 
-    from pipeline.evaluate import references, selector_policies
+    from pipeline.evaluate import selector_policies
 
     def policies(*names):
         return [SimpleNamespace(name=n, kind="selector") for n in names]
 
-    off = {"best_static": "static:traversal"}
-    both = policies("selector:auto", "selector:auto:lookup", "selector:auto:learned_lookup")
-    rule = selector_policies(both, "rule")
-    assert (rule["primary"], rule["other_lookup"], rule["alone"]) == (
-        "selector:auto:lookup", "selector:auto:learned_lookup", "selector:auto")
-    learned = selector_policies(both, "learned")
-    assert (learned["primary"], learned["other_lookup"]) == ("selector:auto:learned_lookup", "selector:auto:lookup")
-    assert references(off, both, "rule")["selector_other_lookup"] == "selector:auto:learned_lookup"
-    assert references(off, both, "learned")["selector_other_lookup"] == "selector:auto:lookup"
-    only_rule = policies("selector:auto", "selector:auto:lookup")
-    for choice in ("rule", "learned"):  # the learned lookup did not run: the rule is the headline either way
-        names = selector_policies(only_rule, choice)
-        assert names["primary"] == "selector:auto:lookup" and names["other_lookup"] is None
-        assert "selector_other_lookup" not in references(off, only_rule, choice)
-    alone = selector_policies(policies("selector:auto"), "rule")
+    both = selector_policies(policies("selector:auto", "selector:auto:lookup"))
+    assert (both["primary"], both["alone"]) == ("selector:auto:lookup", "selector:auto")
+    alone = selector_policies(policies("selector:auto"))
     assert alone["primary"] == "selector:auto" and alone["alone"] is None
+
+
+def _check_pricing_audit(m):
+    """Every policy's steps are priced by class next to their measured seconds; autoregressive is the reference."""
+    audit = m["pricing_audit"]
+    assert set(audit) == set(m["policies"])
+    assert audit["autoregressive"]["relative_to_autoregressive"] == pytest.approx(1.0)
+    assert set(audit["autoregressive"]["by_class"]) == {"plain"}
+    for name, e in audit.items():
+        assert e["steps"] == sum(c["steps"] for c in e["by_class"].values()) > 0, name
+        assert e["modelled_seconds"] > 0 and e["measured_seconds"] > 0 and e["prefill_seconds"] > 0, name
+        assert e["measured_seconds"] == pytest.approx(sum(c["measured_seconds"] for c in e["by_class"].values()))
+        assert e["relative_to_autoregressive"] > 0 and isinstance(e["holds"], bool)
+    assert all(k.startswith("lookup:") or k == "plain" for k in audit["prompt_lookup"]["by_class"])
+    assert any(k.startswith("gbv:") for k in audit["static:gbv"]["by_class"])

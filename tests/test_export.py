@@ -12,6 +12,7 @@ import pytest
 import torch
 from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
 
+from decoding import pricing
 from decoding.features import FeatureError
 from decoding.policy import Choice, RootFeatures
 from decoding.sampling import Sampling
@@ -22,8 +23,7 @@ from export.runtime import ONNX_FILE, SIDECAR_FILE, SelectorArtifactError, Selec
 def _seconds(schema, inputs, methods):
     lat = toy_latency()
     ctx = inputs["scalars"][:, schema.scalars.index("context_length")]
-    per = np.stack([lat.step_seconds(int(c), list(SPACE), features=schema.feature_set) for c in ctx])
-    return np.tile(per, (1, len(methods))).astype(np.float32)
+    return pricing.step_seconds(lat, ctx.astype(int), list(SPACE), methods, schema.feature_set).astype(np.float32)
 
 
 def _torch_decisions(net, meta, inputs, seconds):
@@ -101,7 +101,7 @@ def test_select_implements_the_protocol(exported):
     # and a caller's edit of a returned array does not reach the kept one
     lat, extra = toy_latency(), float(rt.sidecar.get("inference_seconds") or 0.0)
     for c in (300, 301, 363, 364, 2):
-        alone = np.tile(lat.step_seconds(c, rt.actions, features=schema.feature_set) + extra, len(rt.methods))
+        alone = pricing.step_seconds(lat, [c], rt.actions, rt.methods, schema.feature_set, extra)[0]
         assert np.array_equal(rt.step_seconds(c), alone.astype(np.float32))
     rt.step_seconds(301)[:] = -1
     assert (rt.step_seconds(301) > 0).all()

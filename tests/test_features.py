@@ -113,8 +113,8 @@ def test_target_only_needs_no_draft():
 
 
 def test_memo_shares_the_entropy_of_p_prev_between_stages():
-    """A cascade's stage 2 gets stage 1's memo (`decoding.engine.generate`): H(p_prev) is computed once, and the
-    scalars equal a fresh computation."""
+    """Two feature sets vectorized from the same root's memo compute H(p_prev) once, and the scalars equal a fresh
+    computation."""
     first = _root(q_prev=None, q_root=None, h_q_prev=None, h_q_root=None)
     FeatureSchema.for_pair("target_only", 4, 2).vectorize(first, FakeLatency())
     assert first.memo["entropy_p_prev"] == pytest.approx(float(entropy(first.p_prev)))
@@ -149,7 +149,7 @@ def test_bad_features_fail_clearly():
 
 def test_policies():
     assert isinstance(as_policy(Action(2, 1, 1)), StaticPolicy)
-    with pytest.raises(TypeError, match="select"):
+    with pytest.raises(TypeError, match="decoding.policy.Policy"):
         as_policy("2,1,1")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from pipeline.headline import KEYS, OUT, experiments_table, headline
+from pipeline.headline import KEYS, OUT, experiments_table, headline_metrics
 
 EVALUATE = {
     "selector": {"policy": "selector:specinfer"},
@@ -20,7 +20,7 @@ EVALUATE = {
 
 def test_headline_reads_each_stage_and_prefers_evaluates_flat_keys():
     draft = {"acceptance_test_T1.0": 0.3, "acceptance_test_T0.6": 0.4, "acceptance_other": 9.0}
-    h = headline(EVALUATE, {"seconds_per_root": {"total": 0.81}}, draft)
+    h = headline_metrics(EVALUATE, {"seconds_per_root": {"total": 0.81}}, draft)
     assert list(h) == list(KEYS)
     assert h["selector_vs_ar"] == 0.94 and h["selector_vs_ar_lo"] == 0.91 and h["selector_vs_ar_hi"] == 0.97
     assert h["selector_vs_best_static"] == 1.10 and h["offline_oracle_vs_ar"] == 20.0 / 16.0
@@ -28,7 +28,7 @@ def test_headline_reads_each_stage_and_prefers_evaluates_flat_keys():
     assert h["selector_vs_threshold_chain"] is None and h["selector_vs_adaptive_chain"] is None
     flat = {**EVALUATE, "selector_vs_ar": 0.99, "selector_vs_threshold_chain": 1.2,
             "selector_vs_adaptive_chain": float("nan"), "selector_vs_best_static": 1.05}
-    h = headline(flat, {}, {})
+    h = headline_metrics(flat, {}, {})
     assert h["selector_vs_ar"] == 0.99 and h["selector_vs_threshold_chain"] == 1.2 and h["selector_vs_best_static"] == 1.05
     assert h["selector_vs_adaptive_chain"] is None  # NaN is not a number to show
     assert h["draft_acceptance"] is None and h["collect_seconds_per_root"] is None

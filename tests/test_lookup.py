@@ -11,9 +11,10 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import AUTOREGRESSIVE, Action
 from decoding.engine import SpeculativeDecoder
 from decoding.exact import TablePair, chained_law, law_distance, target_law, tree_p_rows, with_cache
-from decoding.lookup import LOOKUP_TAG, LookupFirst, Proposal, lookup_tree, propose
-from decoding.policy import Choice, StaticPolicy, StepTiming
+from decoding.lookup import LOOKUP_TAG, LookupFirst, Proposal, propose
+from decoding.policy import Choice, Policy, StaticPolicy, StepResult, StepTiming
 from decoding.sampling import Sampling
+from decoding.tree import proposal_tree
 from decoding.verifiers import METHODS, get_method
 
 # ---------------------------------------------------------------- the proposal rule
@@ -41,19 +42,19 @@ def test_no_match_and_the_length_cap():
         propose([1, 2], 3, max_ngram=1, min_ngram=2)
 
 
-def test_lookup_tree_is_a_chain_with_one_hot_rows():
-    tree = lookup_tree([3, 1], vocab_size=5)
+def test_proposal_tree_is_a_chain_with_one_hot_rows():
+    tree = proposal_tree([3, 1], vocab_size=5)
     assert tree.action == Action(1, 2, 0)
     assert tree.tokens.tolist() == [-1, 3, 1]
     assert tree.q_rows[0].tolist() == [0, 0, 0, 1, 0] and tree.q_rows[1].tolist() == [0, 1, 0, 0, 0]
     assert not tree.q_rows[2].any()
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        lookup_tree([7], vocab_size=5)
+        proposal_tree([7], vocab_size=5)
 
 
 # ---------------------------------------------------------------- losslessness, exactly
 
-CHAIN_METHODS = sorted(m for m, v in METHODS.items() if v.supports(lookup_tree([0, 0, 0], 3)))
+CHAIN_METHODS = sorted(m for m, v in METHODS.items() if v.supports(proposal_tree([0, 0, 0], 3)))
 
 
 def _lookup_law(pair: TablePair, prompt: tuple[int, ...], n_tokens: int, method: str, length: int,
@@ -68,7 +69,7 @@ def _lookup_law(pair: TablePair, prompt: tuple[int, ...], n_tokens: int, method:
         if found is None:
             p = pair.p(ctx)
             return {(int(t),): float(p[t]) for t in np.flatnonzero(p > 0)}
-        tree = lookup_tree(found.tokens, pair.vocab_size)
+        tree = proposal_tree(found.tokens, pair.vocab_size)
         if wrong_q:
             tree.q_rows[:-1] = 0.5 * tree.q_rows[:-1] + 0.5 / pair.vocab_size
         return dict(m.outcome_distribution(tree, tree_p_rows(tree, pair, ctx)))
@@ -95,10 +96,9 @@ def test_verifying_with_the_wrong_q_is_caught():
 # ---------------------------------------------------------------- the policy and the decoder
 
 
-class _Spy:
+class _Spy(Policy):
     """A fallback that records what it is asked and told."""
 
-    needs_hidden_states = False
     needs_draft = False
 
     def __init__(self, action: Action) -> None:
@@ -108,7 +108,7 @@ class _Spy:
         self.asked += 1
         return Choice(self.action, "traversal")
 
-    def observe_step(self, action, context_length, timing):
+    def observe(self, step):
         self.observed += 1
 
 
@@ -122,10 +122,10 @@ def test_lookup_first_proposes_or_asks_its_fallback():
     policy = LookupFirst(spy, length=2, max_ngram=2, method="naive")
     choice = policy.select(_Features([4, 5, 6, 4, 5]))
     assert choice == Choice(Action(1, 2, 0), "naive", (6, 4))
-    policy.observe_step(choice.action, 4, StepTiming(0.1, 0.0, 0.1, lookup=True))
+    policy.observe(StepResult(choice.action, "naive", [6], None, 4, StepTiming(0.1, 0.0, 0.1), lookup=True))
     assert spy.asked == 0 and spy.observed == 0  # a lookup step is not the fallback's
     assert policy.select(_Features([4, 5, 6])) == Choice(Action(2, 0, 1), "traversal")
-    policy.observe_step(Action(2, 0, 1), 2, StepTiming(0.2, 0.1, 0.1))
+    policy.observe(StepResult(Action(2, 0, 1), "traversal", [1], None, 2, StepTiming(0.2, 0.1, 0.1)))
     assert spy.asked == 1 and spy.observed == 1
     plain = LookupFirst(None, length=2)
     assert plain.select(_Features([1, 2, 3])) == Action(1, 0, 0) and not plain.needs_draft

@@ -16,7 +16,7 @@ def _labels():
     E = np.tile([1.0 + 0.2 * a.tree_size + (0.8 if a == Action(2, 1, 1) else 0.0) for a in SPACE], (4, 1))
     E[:, [i for i, a in enumerate(SPACE) if a.L2 == 0]] = np.tile(
         [1.0 + 0.2 * a.L1 for a in SPACE if a.L2 == 0], (4, 1))
-    return {"specinfer": E, "traversal": E + 0.01}, T
+    return {"specinfer": E, "traversal": E + 0.01}, {m: T for m in ("specinfer", "traversal", "naive")}
 
 
 def test_best_statics_speculate_and_the_chain_stays_a_chain():
@@ -32,19 +32,20 @@ def test_best_statics_speculate_and_the_chain_stays_a_chain():
 
 
 def test_a_method_that_verifies_slowly_is_priced_so():
-    """With per-method verification offsets, a method's best static and its TPS pay its own verification: a
-    costly branching verify moves it off the branching tree, and its TPS falls by exactly that price."""
+    """Each method's statics are priced as its own steps: a costly branching verify moves it off the branching tree,
+    and its TPS falls by exactly that price."""
     labels, T = _labels()
     tree = SPACE.index(Action(2, 1, 1))
     slow = np.array([1.0 if a.K > 1 and a.tree_size else 0.0 for a in SPACE])  # +1 s per branching tree
+    priced_T = {**T, "specinfer": T["specinfer"] + slow[None, :]}
     plain = best_statics(labels, T, SPACE, ["specinfer", "traversal"])
-    priced = best_statics(labels, T, SPACE, ["specinfer", "traversal"], offsets={"specinfer": slow})
+    priced = best_statics(labels, priced_T, SPACE, ["specinfer", "traversal"])
     assert plain["static:specinfer"][1] == tree and SPACE[priced["static:specinfer"][1]].K == 1
-    assert priced["static:traversal"] == plain["static:traversal"]  # no offsets: priced as before
+    assert priced["static:traversal"] == plain["static:traversal"]  # its own prices: as before
     fixed = {"static:specinfer": ("specinfer", tree)}
-    a, b = (offline_tps(labels, T, fixed, SPACE, o)["static:specinfer"]["tps"] for o in (None, {"specinfer": slow}))
-    assert a == pytest.approx(labels["specinfer"][0, tree] / T[0, tree])
-    assert b == pytest.approx(labels["specinfer"][0, tree] / (T[0, tree] + 1.0))
+    a, b = (offline_tps(labels, t, fixed, SPACE)["static:specinfer"]["tps"] for t in (T, priced_T))
+    assert a == pytest.approx(labels["specinfer"][0, tree] / T["specinfer"][0, tree])
+    assert b == pytest.approx(labels["specinfer"][0, tree] / (T["specinfer"][0, tree] + 1.0))
 
 
 def test_offline_tps_is_labels_over_seconds_and_relative_to_autoregressive():
@@ -53,10 +54,10 @@ def test_offline_tps_is_labels_over_seconds_and_relative_to_autoregressive():
     off = offline_tps(labels, T, st, SPACE)
     assert off["autoregressive"]["tps"] == pytest.approx(1.0)  # E = 1 per step of 1 s
     a = SPACE.index(Action(2, 1, 1))
-    assert off["static:specinfer"]["tps"] == pytest.approx(labels["specinfer"][0, a] / T[0, a])
+    assert off["static:specinfer"]["tps"] == pytest.approx(labels["specinfer"][0, a] / T["specinfer"][0, a])
     assert off["static:specinfer"]["vs_autoregressive"] == pytest.approx(off["static:specinfer"]["tps"])
     assert off["static:specinfer"]["action"] == "2,1,1"
-    assert offline_tps(labels, T[:0], st, SPACE) == {}
+    assert offline_tps(labels, {m: t[:0] for m, t in T.items()}, st, SPACE) == {}
 
 
 def test_depth_acceptance_and_chosen_pool_the_runs_of_a_policy():
@@ -73,7 +74,7 @@ def test_autoregressive_would_win_these_labels():
     from evaluation.online import throughput
 
     labels, T = _labels()
-    assert SPACE[throughput.best_static(labels["specinfer"], T)].tree_size == 0
+    assert SPACE[throughput.best_static(labels["specinfer"], T["specinfer"])].tree_size == 0
 
 
 def test_best_static_by_group_chooses_on_each_groups_fit_roots():

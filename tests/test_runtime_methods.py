@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
 
+from decoding import pricing
 from decoding.policy import RootFeatures
 from decoding.sampling import Sampling
 from export.onnx_export import export_selector
@@ -17,8 +18,7 @@ METHODS = ("traversal", "specinfer", "bv")
 def _seconds(schema, inputs):
     lat = toy_latency()
     ctx = inputs["scalars"][:, schema.scalars.index("context_length")]
-    per = np.stack([lat.step_seconds(int(c), list(SPACE), features=schema.feature_set) for c in ctx])
-    return np.tile(per, (1, len(METHODS))).astype(np.float32)
+    return pricing.step_seconds(lat, ctx.astype(int), list(SPACE), METHODS, schema.feature_set).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,6 @@ def test_each_methods_outputs_pay_its_verification(folder):
     the shape's step plus m's verification beyond Traversal's, and training's step costs agree."""
     import dataclasses
 
-    from models.selector_data import step_costs
-    from models.selector_network import OutputLayout
 
     trees = [a for a in SPACE if a.tree_size]
     verify = {"traversal": {str(a): 3e-4 for a in trees}, "specinfer": {str(a): 5e-4 for a in trees},
@@ -87,6 +85,5 @@ def test_each_methods_outputs_pay_its_verification(folder):
     for o, (method, action) in enumerate(rt.table):
         owed = extra[method] if action.tree_size and (method != "bv" or action.K == 1) else 0.0
         assert got[o] == pytest.approx(want[o] + owed, abs=1e-7), (method, action)
-    layout = OutputLayout(METHODS, tuple(SPACE), True)
-    costs = step_costs(lat, np.array([300, 120]), layout, rt.schema.feature_set)
-    np.testing.assert_allclose(costs[0], got - float(rt.sidecar.get("inference_seconds") or 0.0), rtol=1e-6)
+    costs = pricing.step_seconds(lat, np.array([300, 120]), list(SPACE), METHODS, rt.schema.feature_set)
+    np.testing.assert_allclose(costs[0], got - rt.inference_seconds, rtol=1e-6)

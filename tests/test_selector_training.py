@@ -13,17 +13,27 @@ from selector_helpers import METHODS, SPACE, build_collected, toy_latency
 
 from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
-from decoding.throughput import choose
+from decoding.pricing import decide
 from models.selector_data import SelectorData, SelectorDataModule, build_selector_data
 from models.selector_eval import evaluate
 from models.selector_network import OutputLayout, SelectorNet, load_selector, save_selector
-from models.selector_training import SelectorHParams, SelectorModule, fit_selector, predict
+from models.selector_training import SelectorModule, fit_selector, predict
 
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     torch.set_num_threads(1)
     return build_collected(tmp_path_factory.mktemp("collect") / "data")
+
+
+def _hp(**changes):
+    """The config's optimisation knobs (`pipeline.sections.train.TrainConfig`, their one home) with ``changes``."""
+    import dataclasses
+
+    from pipeline.sections.train import TrainConfig
+    from pipeline.training_data import hparams
+
+    return hparams(dataclasses.replace(TrainConfig(), **changes))
 
 
 def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"), auto=True) -> SelectorData:
@@ -63,7 +73,7 @@ def test_standardization_uses_train_only(collected):
     for k in stats:
         np.testing.assert_allclose(after[k][0], stats[k][0], rtol=1e-6)
     net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), data.layout.size)
-    fit_selector(net, SelectorDataModule(data, 32), SelectorHParams(epochs=1))
+    fit_selector(net, SelectorDataModule(data, 32), _hp(epochs=1))
     np.testing.assert_allclose(net.scalars_mean.numpy(), stats["scalars"][0].astype(np.float32), rtol=1e-5)
 
 
@@ -95,7 +105,7 @@ def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_threa
     data = synthetic()
     dm = SelectorDataModule(data, batch_size=64)
     net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), 4, proj=16, widths=(32, 16), dropout=0.0)
-    hp = SelectorHParams(objective=objective, epochs=40, lr=3e-3)
+    hp = _hp(objective=objective, epochs=40, lr=3e-3)
     fit = data.subset(dm.train_idx)
     batch = dm.full_batch("train")
 
@@ -127,9 +137,9 @@ def test_decision_rule_picks_argmax_of_E_over_T():
     E = np.array([[2.0, 3.0, 1.0], [2.0, 3.0, np.nan]])
     T = np.array([[1.0, 2.0, 0.4], [1.0, 1.0, 0.1]])
     # rates: root 0: 2, 1.5, 2.5 -> 2; root 1: 2, 3, NaN (never chosen) -> 1
-    assert choose(E, T).tolist() == [2, 1]
-    assert choose(E, T, valid=np.array([True, True, False])).tolist() == [0, 1]
-    assert choose(np.array([2.0, 2.0]), np.array([1.0, 1.0])) == 0  # ties go to the first output
+    assert decide(E, T).tolist() == [2, 1]
+    assert decide(E, T, valid=np.array([True, True, False])).tolist() == [0, 1]
+    assert decide(np.array([2.0, 2.0]), np.array([1.0, 1.0])) == 0  # ties go to the first output
 
 
 def _hand_data() -> SelectorData:
@@ -339,39 +349,6 @@ def test_learning_curve_study_trains_on_growing_prompt_subsets(collected, tmp_pa
         main(["learning-curve", "--fractions", "0"])
 
 
-def test_cascade_declines_at_stage_one_and_prices_both_stages():
-    from types import SimpleNamespace
-
-    from pipeline.study import cascade_choice
-
-    # outputs: 0 = plain step, 1 and 2 speculate; two roots
-    spec = np.array([False, True, True])
-    t1 = SimpleNamespace(cost=np.array([[1.1, 2.1, 3.1]] * 2), cost_static=np.array([[1.0, 2.0, 3.0]] * 2))
-    t2 = SimpleNamespace(cost=np.array([[1.5, 2.5, 3.5]] * 2))
-    pred1 = np.array([[1.0, 1.5, 1.6],   # root 0: 1/1.1 > 1.5/2.1 -> declines
-                      [1.0, 3.0, 1.0]])  # root 1: speculates
-    pred2 = np.array([[9.0, 1.0, 9.0],   # stage 2 is never asked at root 0
-                      [9.0, 1.0, 7.0]])  # root 1: stage 2 picks 2 (7/3.5 > 1/2.5), never the plain step 0
-    valid = np.ones(3, bool)
-    choice, seconds = cascade_choice(pred1, t1, pred2, t2, valid, spec)
-    assert choice.tolist() == [0, 2]
-    assert seconds == pytest.approx([1.1, 3.5 + (2.1 - 2.0)])  # root 1: stage 2's step + stage 1's overhead
-
-
-def test_cascade_study_runs(collected, tmp_path, monkeypatch):
-    from pipeline.study import main
-
-    profile = toy_latency().save(tmp_path / "latency.json")
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "cascade.json"
-    assert main(["cascade", "--out", str(out), "--set", f"collect.out={collected}", "--set", f"profile.out={profile}",
-                 "--set", "train.epochs=2"]) == 0
-    res = json.loads(out.read_text())["results"]
-    assert set(res) == {"target_only", "paper", "cascade"}
-    assert all(0 < r["selector_vs_oracle"] <= 1 + 1e-9 for r in res.values())
-    assert 0 <= res["cascade"]["speculate_fraction"] <= 1
-
-
 def test_baseline_predictions_take_the_known_values():
     from models.selector_baselines import with_known_values
 
@@ -389,7 +366,7 @@ def test_baseline_predictions_take_the_known_values():
 def test_feature_ablation_zeroes_one_input_per_variant(collected, tmp_path, monkeypatch):
     from pipeline.config import load_config
     from pipeline.feature_ablation import main, without
-    from pipeline.train import training_data
+    from pipeline.training_data import training_data
 
     profile = toy_latency().save(tmp_path / "latency.json")
     cfg = load_config(None, [f"collect.out={collected}", f"profile.out={profile}", "train.feature_set=target_only"])

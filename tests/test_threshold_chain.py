@@ -13,7 +13,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import Action
 from decoding.engine import SpeculativeDecoder
 from decoding.engine.cache import KVState
-from decoding.engine.drafting import draft_tree
+from decoding.engine.drafting import draft_stop_chain, draft_tree
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import causal_allowed, forward_nodes
 from decoding.exact import (
@@ -25,8 +25,9 @@ from decoding.exact import (
     tree_p_rows,
     with_cache,
 )
+from decoding.policy import Choice
 from decoding.sampling import Sampling
-from decoding.threshold_chain import ThresholdChain, draft_threshold_chain, stop_length, truncate_chain
+from decoding.threshold_chain import ThresholdChain, stop_length, truncate_chain
 from decoding.verifiers import get_method
 
 
@@ -80,7 +81,8 @@ def test_stop_length_and_policy():
     assert stop_length(q, 3, 0.4) == 3 and stop_length(q, 3, 0.6) == 2 and stop_length(q, 3, 0.95) == 1
     assert stop_length(q, 1, 0.0) == 1
     pol = ThresholdChain()
-    assert (pol.max_length, pol.threshold) == (20, 0.4) and pol.select(None) == Action(1, 20, 0)
+    assert (pol.max_length, pol.threshold) == (20, 0.4)
+    assert pol.select(None) == Choice(Action(1, 20, 0), stop_below=0.4)  # the engine drafts it with the stop rule
     with pytest.raises(ValueError, match="threshold"):
         ThresholdChain(4, 1.5)
 
@@ -100,8 +102,7 @@ def test_drafting_stops_where_the_rule_says_and_matches_the_fixed_chain():
     confidences = full.tree.q_rows[:6].max(axis=1)
     for threshold in (0.0, float(np.median(confidences)), 1.0):
         kv, q_root = _root_cache(draft, prompt)
-        got = draft_threshold_chain(kv, len(kv) - 1, q_root, 6, threshold, Sampling(), VOCAB,
-                                    np.random.default_rng(5))
+        got = draft_stop_chain(kv, len(kv) - 1, q_root, 6, threshold, Sampling(), VOCAB, np.random.default_rng(5))
         n = stop_length(full.tree.q_rows, 6, threshold)
         assert got.tree.action == Action(1, n, 0)
         np.testing.assert_array_equal(got.tree.tokens, full.tree.tokens[: n + 1])

@@ -4,44 +4,29 @@
 - `tree_pass`: forward passes over tree nodes with ancestor-only additive masks.
 - `torch_sampling`: logits -> transformed probability rows (torch side of `decoding.sampling`).
 - `drafting`: any tree layout level by level (one action's tree, or the union tree of labels).
-- `generate`: the decode loop, a loop over one `step` (choose -> draft -> target pass -> verify ->
+- `decoder`: the decode loop (`SpeculativeDecoder.generate`; the function `generate`), a loop over one `step`
+  (choose -> draft -> target pass -> verify ->
   prune), and its statistics (`stats`). Policies and the selector protocol: `decoding.policy`.
 """
-
-import sys
-import types
 
 from ..lazy_names import lazy_getattr
 
 # Resolved lazily (PEP 562): importing one engine module (e.g. `torch_sampling`) does not load the decode
 # loop and the verifiers, so a stage that only samples depends on the files it runs (pipeline/stage_deps.py).
 _EXPORTS = {
-    "AUTOREGRESSIVE": ".generate",
-    "DecodeResult": ".generate",
-    "DecodeState": ".generate",
-    "SpeculativeDecoder": ".generate",
-    "StepResult": ".generate",
-    "generate": ".generate",
+    "AUTOREGRESSIVE": ".decoder",
+    "DecodeResult": ".decoder",
+    "DecodeState": ".decoder",
+    "SpeculativeDecoder": ".decoder",
+    "generate": ".decoder",
     "DecodeStats": ".stats",
+    "Policy": "..policy",
     "RootFeatures": "..policy",
-    "Selector": "..policy",
     "StaticPolicy": "..policy",
+    "StepResult": "..policy",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)
-
-
-class _Package(types.ModuleType):
-    """``decoding.engine.generate`` is the decode-loop function, never its submodule: importing the
-    submodule would otherwise bind the package attribute ``generate`` to the module."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -100,3 +100,32 @@ def draft_tree(kv: KVState, root_slot: int, q_root: np.ndarray, action: Action, 
     parents, depths = tree_layout(action)
     d = draft_layout(kv, root_slot, q_root, parents, depths, sampling, vocab_size, rng, hidden, h_root)
     return DraftedTree(build_tree(action, d.tokens, d.q_rows), d.node_slots, d.hidden, d.forwards)
+
+
+def draft_stop_chain(kv: KVState, root_slot: int, q_root: np.ndarray, max_length: int, stop_below: float,
+                     sampling: Sampling, vocab_size: int, rng: np.random.Generator, hidden: bool = False,
+                     h_root: np.ndarray | None = None) -> DraftedTree:
+    """Draft a chain below the root token by token: draw x_i from q_{i-1} and stop after it when ``max q_{i-1} <
+    stop_below`` or ``i = max_length`` (`decoding.threshold_chain`'s rule); a token is fed to the draft only when the
+    chain continues. The tree's action is the realized chain ``(1, n, 0)``."""
+    if root_slot != len(kv) - 1:
+        raise RuntimeError(f"draft cache must end at the root (root slot {root_slot}, {len(kv)} slots)")
+    tokens, rows = [-1], [np.asarray(q_root, dtype=np.float64)]
+    node_slots = {0: root_slot}
+    hid = {0: h_root} if hidden else None
+    root_pos = kv.positions[root_slot]
+    while True:
+        i = len(tokens)  # the node drawn now, from rows[i - 1]
+        tokens.append(int(draw(rows[i - 1][None], rng, 1)[0, 0]))
+        if i >= max_length or float(np.max(rows[i - 1])) < stop_below:
+            break
+        node_slots[i] = len(kv)
+        logits, h = forward_nodes(kv, [tokens[i]], [root_pos + i], np.ones((1, len(kv) + 1), dtype=bool),
+                                  output_hidden_states=hidden)
+        rows.append(prob_rows(logits, sampling, vocab_size)[0])
+        if hidden:
+            hid[i] = hidden_numpy(h)[0]
+    n = len(tokens) - 1
+    q_rows = np.zeros((n + 1, vocab_size))
+    q_rows[: len(rows)] = np.stack(rows)
+    return DraftedTree(build_tree(Action(1, n, 0), np.array(tokens), q_rows), node_slots, hid, len(rows) - 1)

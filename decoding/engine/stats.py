@@ -7,7 +7,8 @@
   d - 1 draft tokens (the verifier reached depth d - 1), the fraction that accepted at least d.
 - *accepted-length histogram*: ``hist[a]`` = steps that accepted exactly a draft tokens.
 - time split (seconds): draft (drafting incl. feeding the root to the draft), target (tree passes and
-  prefill), verification, selector; ``other`` is the rest (cache pruning, bookkeeping).
+  prefill), verification, selector; ``other`` is the rest (cache pruning, bookkeeping); ``prefill``: the target's
+  prefill and the draft's first forward over the prompt (already counted in draft and target).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class DecodeStats:
     time_target: float = 0.0
     time_verify: float = 0.0
     time_selector: float = 0.0
+    time_prefill: float = 0.0  # the target's prefill and the draft's first forward over the prompt (in the above)
     time_total: float = 0.0
 
     def record_step(self, tree_depth: int, num_accepted: int, action: str, method: str | None = None) -> None:
@@ -79,7 +81,8 @@ class DecodeStats:
             "actions": dict(self.actions),
             "methods": dict(self.methods),
             "time_s": {"draft": self.time_draft, "target": self.time_target, "verify": self.time_verify,
-                       "selector": self.time_selector, "other": other, "total": self.time_total},
+                       "selector": self.time_selector, "other": other, "total": self.time_total,
+                       "prefill": self.time_prefill},
         }
 
     def summary(self) -> str:

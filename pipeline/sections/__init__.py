@@ -22,7 +22,6 @@ SECTION_CLASSES = {
     "train_draft": "TrainDraftConfig",
     "actions": "ActionsConfig",
     "collect": "CollectConfig",
-    "lookup": "LookupConfig",
     "tracking": "TrackingConfig",
     "export": "ExportConfig",
     "profile": "ProfileConfig",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HEADLINE_LOOKUPS = ("rule", "learned")  # evaluate.headline_lookup: which lookup decision the headline selector uses
-
 
 @dataclass
 class EvaluateConfig:
@@ -44,24 +42,8 @@ class EvaluateConfig:
     lookup_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 6])
     lookup_min_ngrams: list[int] = field(default_factory=lambda: [1])  # 1: the tuning's pick and the A/B's
     lookup_tune_max_new_tokens: int = 48
-    # the learned lookup (the gate of `branchpoint lookup`, decoding.lookup_gate: a lookup chain where its predicted
-    # Ê / T beats a plain step, "learned_lookup"; and the selector with it, "<selector>:learned_lookup", see
-    # headline_lookup). Opt-in, outside dvc.yaml: run `branchpoint lookup` first. Off by default: in six paired
-    # comparisons it read 0.92-1.06x prompt lookup's rule, and it cost a first dvc repro ~10 minutes (the stage and
-    # two policies; docs/selector.md)
-    learned_lookup: bool = False
-    # the headline policy: the selector behind prompt lookup's tuned rule ("rule") or behind the learned lookup
-    # ("learned"); the other is reported beside it (selector_vs_other_lookup). rule: in five paired comparisons the
-    # learned lookup read 0.92-1.06x the rule (docs/selector.md), no better than a rule with nothing to learn
-    headline_lookup: str = "rule"
     selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
     selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
-    # the selector's step times corrected online by the decoder's measured ones (decoding.calibration). Off: in four
-    # paired comparisons on the CPU default the calibrated selector read 1.3-2.6 points below the uncalibrated one
-    calibrate: bool = False
-    # also decode the selector with the profile's times as they are (policy "<selector>:uncalibrated"), to show
-    # what the calibration changes in the same run
-    uncalibrated_selector: bool = True
     warmup: bool = True  # one short untimed decode per policy first
     bootstrap: int = 2000  # bootstrap resamples (over prompts) of each confidence interval
     ci: float = 0.95
@@ -76,8 +58,6 @@ class EvaluateConfig:
 
         for m in [*self.methods, *self.selector_methods]:
             check_method_name(m)
-        if self.headline_lookup not in HEADLINE_LOOKUPS:
-            raise ValueError(f"headline_lookup must be one of {HEADLINE_LOOKUPS}, not {self.headline_lookup!r}")
         if self.prompts < 0 or self.max_new_tokens < 1 or self.bootstrap < 1:
             raise ValueError(f"prompts must be >= 0, max_new_tokens and bootstrap >= 1, not {self.prompts}, "
                              f"{self.max_new_tokens}, {self.bootstrap}")

@@ -11,10 +11,8 @@ class TrainConfig:
 
     method: str = "specinfer"  # a method of collect.methods, or auto: Ê for every (method, action), both chosen
     auto_methods: list[str] = field(default_factory=list)  # the methods of auto ([] = all of collect.methods)
-    # paper | target_only (decoding.features.FEATURE_SETS) | cascade (stage 1 target_only, stage 2 paper: one
-    # selector each, pipeline/train.py CASCADE_STAGES). target_only (with the root token's embedding): best offline
-    # on VAL and TEST roots of the CPU default (1.088 / 1.081x autoregressive vs cascade 1.079 / 1.077x, 2 seeds)
-    # and the cheapest online (no draft work, one network); docs/selector.md
+    # paper | target_only (decoding.features.FEATURE_SETS). target_only (with the root token's embedding): best
+    # offline on VAL and TEST roots of the CPU default and the cheapest online (no draft work); docs/selector.md
     feature_set: str = "target_only"
     objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
     # network (models/selector_network.py)
@@ -47,9 +45,8 @@ class TrainConfig:
             check_method_name(self.method)
         for m in self.auto_methods:
             check_method_name(m)
-        if self.feature_set not in (*FEATURE_SETS, "cascade"):
-            raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)} or cascade, not "
-                             f"{self.feature_set!r}")
+        if self.feature_set not in FEATURE_SETS:
+            raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)}, not {self.feature_set!r}")
         if self.objective not in ("regression", "throughput"):
             raise ValueError(f"objective must be regression or throughput, not {self.objective!r}")
         if self.label_weighting not in ("none", "inverse_se"):

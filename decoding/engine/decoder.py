@@ -2,19 +2,18 @@
 
 `SpeculativeDecoder.generate` is a loop over `SpeculativeDecoder.step`; collection and evaluation call
 the same step. One *step* starts at a *root* (the last emitted token, not yet processed by the target):
-1. choose: the policy picks the action. A static `Action` costs nothing; a selector gets `RootFeatures`
-   (after the draft's root step when it ``needs_draft``, see `decoding.policy`); a policy with ``refine``
-   (`decoding.policy.Cascade`) that speculates is asked again after the draft's root step;
-2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts
-   the action's tree (`drafting.draft_tree`); an empty tree skips the draft entirely;
+1. choose: the policy (`decoding.policy.Policy`) picks the step. A static action costs nothing; any other policy
+   gets `RootFeatures` (after the draft's root step when it ``needs_draft``) and returns an action or a `Choice`;
+2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts the
+   action's tree (`drafting.draft_tree`), or a chain with a stop rule (``Choice.stop_below``:
+   `drafting.draft_stop_chain`); a proposed chain (``Choice.proposal``) is verified as it is, with one-hot q rows
+   (`decoding.tree.proposal_tree`) and no draft forward; an empty tree skips the draft entirely;
 3. target pass: one pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
 4. verify: the verification method accepts a path and emits one token;
 5. prune: both caches keep only the accepted path (`cache.KVState.keep`); the context is never
    re-encoded. The draft's rows and hidden states at the new root's predecessor are kept for the
    next step's features.
-6. observe: a policy with an ``observe_step`` hook is told the action and what the step cost (`StepTiming`:
-   the whole step, the draft's and the target's forwards; what `decoding.calibration` corrects the latency
-   model with).
+6. observe: the policy's ``observe`` gets the `StepResult` with what the step cost (`StepTiming`).
 Autoregressive sampling is the same loop with the empty tree (action ``1,0,0``): no draft, one target
 pass on the root, one token drawn from p.
 
@@ -31,23 +30,13 @@ import torch
 
 from ..actions import AR_ACTION, AUTOREGRESSIVE, Action
 from ..errors import UserInputError
-from ..lookup import LOOKUP_TAG, lookup_tree
-from ..policy import (
-    Choice,
-    RootFeatures,
-    Selector,
-    StepTiming,
-    as_policy,
-    needs_draft,
-    needs_hidden_states,
-    static_action,
-)
+from ..policy import LOOKUP_TAG, Choice, Policy, RootFeatures, StepResult, StepTiming, as_policy
 from ..sampling import Sampling, draw
-from ..tree import build_tree
+from ..tree import build_tree, proposal_tree
 from ..verifiers import get_method
 from ..verifiers.base import VerificationMethod
 from .cache import KVState
-from .drafting import draft_tree
+from .drafting import draft_stop_chain, draft_tree
 from .stats import DecodeStats, Timer
 from .torch_sampling import prob_rows
 from .tree_pass import causal_allowed, forward_nodes, hidden_numpy, input_embeddings, target_tree_pass
@@ -78,17 +67,6 @@ class DecodeState:
     def context_length(self) -> int:
         """Tokens before the root."""
         return len(self.prompt) + len(self.out) - 1
-
-
-@dataclass
-class StepResult:
-    """One step: its action, the accepted draft tokens and the emitted token."""
-
-    action: Action
-    method: str | None  # the verification method of this step (None for an empty tree)
-    tokens: list[int]  # accepted draft tokens, then the emitted token
-    features: RootFeatures | None  # what the selector saw (None for a static policy)
-    lookup: bool = False  # the tree was a proposed chain (`decoding.lookup`), not drafted
 
 
 @dataclass
@@ -142,43 +120,53 @@ class SpeculativeDecoder:
         state.pending = []
         return self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
 
-    def _features(self, state: DecodeState, sampling: Sampling, q_root, h_q_root, hidden: bool,
-                  first: RootFeatures | None = None) -> RootFeatures:
-        """The root's features; ``first``: this root's features before the draft's root step (a cascade's stage 2
-        gets its values on, and the memo of what was computed from them)."""
+    def _draft_root_timed(self, state: DecodeState, sampling: Sampling, hidden: bool, stats: DecodeStats,
+                          clock: Timer) -> tuple[np.ndarray, np.ndarray | None, float]:
+        """`draft_root`, its seconds added to the draft's; the third value is those seconds when this was the draft's
+        first forward (its prefill over the prompt), else 0."""
+        first = state.kv_d is not None and len(state.kv_d) == 0
+        q_root, h_q_root = self.draft_root(state, sampling, hidden)
+        seconds = clock.lap()
+        stats.time_draft += seconds
+        if first:
+            stats.time_prefill += seconds
+        return q_root, h_q_root, seconds if first else 0.0
+
+    def _features(self, state: DecodeState, sampling: Sampling, q_root, h_q_root, hidden: bool) -> RootFeatures:
+        """The root's features (the draft's rows only when it saw the root this step)."""
         drafted_now = q_root is not None
-        if first is not None:
-            e_root, memo = first.e_root, first.memo
-        else:
-            e_root, memo = (input_embeddings(self.target, [state.root])[0] if hidden else None), {}
+        e_root = input_embeddings(self.target, [state.root])[0] if hidden else None
         return RootFeatures(state.context_length, sampling, state.p_prev, state.q_prev if drafted_now else None,
-                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root, e_root, memo,
+                            q_root, state.h_p_prev, state.h_q_prev if drafted_now else None, h_q_root, e_root, {},
                             state.prompt + state.out)
 
     @torch.inference_mode()
-    def step(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None, sampling: Sampling,
+    def step(self, state: DecodeState, policy: Policy, verifier: VerificationMethod | None, sampling: Sampling,
              rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
-        """One speculation step from ``state``'s root (module docstring); appends to ``state.out``. A policy with an
-        ``observe_step(action, context_length, timing)`` hook is told what the step cost (`StepTiming`) at its end."""
+        """One speculation step from ``state``'s root (module docstring); appends to ``state.out`` and tells the
+        policy's ``observe`` what the step did and cost."""
         start, context_length = clock.t, state.context_length
         parts_before = (stats.time_draft, stats.time_target)
-        catch_up = len(state.pending) if state.kv_d is not None else 0
-        hidden = static_action(policy) is None and needs_hidden_states(policy)
-        # 1. choose (after the draft's root step when the selector's features need it)
-        action, verifier, features, q_root, h_q_root, proposal = self._choose(state, policy, verifier, sampling,
-                                                                              hidden, stats, clock)
-        # 2. draft (a proposed chain, `decoding.lookup`, is verified as it is: one-hot q rows, no draft forward)
+        hidden = policy.fixed_action is None and policy.needs_hidden_states
+        # 1. choose (after the draft's root step when the policy's features need it)
+        choice, verifier, features, root_step, prefill = self._choose(state, policy, verifier, sampling, hidden,
+                                                                       stats, clock)
+        action = choice.action
+        # 2. draft (a proposed chain is verified as it is: one-hot q rows, no draft forward)
         drafted = None
-        if proposal is not None:
+        if choice.proposal is not None:
             check_supported(verifier, action)
-            tree = lookup_tree(proposal, self.vocab_size)
+            tree = proposal_tree(choice.proposal, self.vocab_size)
         elif action.tree_size:
             check_supported(verifier, action)
-            if q_root is None:
-                q_root, h_q_root = self.draft_root(state, sampling, hidden)
-            drafter = getattr(policy, "draft_tree", None) or draft_tree  # a policy may draft its own tree
-            drafted = drafter(state.kv_d, len(state.kv_d) - 1, q_root, action, sampling, self.vocab_size, rng,
-                              hidden, h_q_root)
+            if root_step[0] is None:
+                *root_step, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock)
+            args = (state.kv_d, len(state.kv_d) - 1, root_step[0])
+            if choice.stop_below is None:
+                drafted = draft_tree(*args, action, sampling, self.vocab_size, rng, hidden, root_step[1])
+            else:
+                drafted = draft_stop_chain(*args, action.L1, choice.stop_below, sampling, self.vocab_size, rng,
+                                           hidden, root_step[1])
             tree, action = drafted.tree, drafted.tree.action  # the realized shape
             stats.time_draft += clock.lap()
         else:
@@ -196,74 +184,65 @@ class SpeculativeDecoder:
             accepted, emitted = [], int(draw(p_rows[0], rng)[0, 0])
         stats.time_verify += clock.lap()
         # 5. prune both caches to the accepted path; keep the rows before the new root
-        drafted = drafted if action.tree_size else None  # a policy's own drafter may realize an empty tree
-        last = _prune(state, ctx_t, tree, drafted, accepted, int(emitted), (q_root, h_q_root), hidden)
+        last = _prune(state, ctx_t, tree, drafted, accepted, int(emitted), tuple(root_step), hidden)
         state.p_prev, state.h_p_prev = p_rows[last], hidden_numpy(h_t[last] if hidden else None)
         new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
+        lookup = choice.proposal is not None
         method = verifier.name if verifier is not None and action.tree_size else None
-        stats.record_step(int(tree.depths.max()), len(accepted),
-                          str(action) if proposal is None else f"{action}+{LOOKUP_TAG}", method)
+        stats.record_step(int(tree.depths.max()), len(accepted), f"{action}+{LOOKUP_TAG}" if lookup else str(action),
+                          method)
         state.out.extend(new)
-        observe = getattr(policy, "observe_step", None)
-        if callable(observe):  # e.g. the online calibration of the latency model (decoding.calibration)
-            observe(action, context_length, StepTiming(clock.now() - start, stats.time_draft - parts_before[0],
-                                                       stats.time_target - parts_before[1], catch_up,
-                                                       lookup=proposal is not None))
-        return StepResult(action, method, new, features, proposal is not None)
+        # 6. observe
+        timing = StepTiming(clock.now() - start, stats.time_draft - parts_before[0], stats.time_target - parts_before[1],
+                            prefill)
+        result = StepResult(action, method, new, features, context_length, timing, lookup, features is not None)
+        policy.observe(result)
+        return result
 
-    def _choose(self, state: DecodeState, policy: Selector, verifier: VerificationMethod | None,
-                sampling: Sampling, hidden: bool, stats: DecodeStats, clock: Timer) -> tuple:
-        """Step 1: ``(action, verifier, features, q_root, h_q_root)``. A static action costs nothing; a selector
-        gets its features after the draft's root step when it ``needs_draft``; a cascade (a ``refine`` hook)
-        whose first stage speculates gets the draft's root step and then its second decision, before any
-        tree node is drafted."""
-        static = static_action(policy)
-        if static is not None:
-            return static, verifier, None, None, None, None
+    def _choose(self, state: DecodeState, policy: Policy, verifier: VerificationMethod | None, sampling: Sampling,
+                hidden: bool, stats: DecodeStats, clock: Timer) -> tuple:
+        """Step 1: ``(choice, verifier, features, (q_root, h_q_root), draft prefill seconds)``. A static action costs
+        nothing; a policy gets its features after the draft's root step when it ``needs_draft``."""
+        if policy.fixed_action is not None:
+            return Choice(policy.fixed_action), verifier, None, (None, None), 0.0
         q_root = h_q_root = None
-        if needs_draft(policy) and state.kv_d is not None:
-            q_root, h_q_root = self.draft_root(state, sampling, hidden)
-            stats.time_draft += clock.lap()
+        prefill = 0.0
+        if policy.needs_draft and state.kv_d is not None:
+            q_root, h_q_root, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock)
         features = self._features(state, sampling, q_root, h_q_root, hidden)
-        action, verifier, proposal = _resolve(policy, policy.select(features), verifier)
+        choice = _as_choice(policy, policy.select(features))
+        if choice.method is not None:
+            verifier = get_method(choice.method)
         stats.time_selector += clock.lap()
-        if (action.tree_size and proposal is None and q_root is None
-                and callable(getattr(policy, "refine", None))):
-            q_root, h_q_root = self.draft_root(state, sampling, hidden)
-            stats.time_draft += clock.lap()
-            features = self._features(state, sampling, q_root, h_q_root, hidden, first=features)
-            action, verifier, proposal = _resolve(policy, policy.refine(features), verifier)
-            stats.time_selector += clock.lap()
-        return action, verifier, features, q_root, h_q_root, proposal
+        return choice, verifier, features, (q_root, h_q_root), prefill
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
-                 policy: Action | Selector = DEFAULT_ACTION, sampling: Sampling = DEFAULT_SAMPLING,
+                 policy: Action | Policy = DEFAULT_ACTION, sampling: Sampling = DEFAULT_SAMPLING,
                  seed: int = 0, on_step=None) -> DecodeResult:
         """Decode up to ``max_new_tokens`` tokens after ``prompt`` (token ids, at least one).
 
         ``method``: a name of ``decoding.verifiers.METHODS`` or ``"autoregressive"`` (policy ignored).
-        ``on_step(state, result)``: called after every step (e.g. to record the features a selector saw)."""
+        ``on_step(state, result)``: called after every step (e.g. to record the features a policy saw)."""
         if max_new_tokens < 1:
             raise UserInputError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         if method == AUTOREGRESSIVE:
             policy, verifier = as_policy(AR_ACTION), None
         else:
             policy, verifier = as_policy(policy), get_method(method)
-        static = static_action(policy)
-        if static is not None and static.tree_size:
-            check_supported(verifier, static)
-        # a selector may declare that it never drafts with the model (prompt lookup alone: `decoding.lookup`)
-        use_draft = static.tree_size > 0 if static is not None else bool(getattr(policy, "uses_draft_model", True))
-        if use_draft and self.draft is None:
+        if policy.fixed_action is not None and policy.fixed_action.tree_size:
+            check_supported(verifier, policy.fixed_action)
+        if policy.uses_draft_model and self.draft is None:
             raise UserInputError(f"generate: method {method!r} with policy {policy} needs a draft model")
-        hidden = static is None and needs_hidden_states(policy)
+        hidden = policy.fixed_action is None and policy.needs_hidden_states
         rng = np.random.default_rng(seed)
         stats = DecodeStats(method=method if verifier is None else verifier.name)
         clock = Timer(next(self.target.parameters()).device)
         t_start = clock.t
-        state = self.start(prompt, sampling, hidden, use_draft)
-        stats.time_target += clock.lap()
+        state = self.start(prompt, sampling, hidden, policy.uses_draft_model)
+        prefill = clock.lap()
+        stats.time_target += prefill
+        stats.time_prefill += prefill
         while True:
             before = len(state.out)
             result = self.step(state, policy, verifier, sampling, rng, stats, clock)
@@ -279,24 +258,13 @@ class SpeculativeDecoder:
         return DecodeResult(state.out, stats)
 
 
-def _resolve(policy: Selector, choice, verifier: VerificationMethod | None
-             ) -> tuple[Action, VerificationMethod | None, tuple[int, ...] | None]:
-    """``(action, verifier, proposal)`` of a selector's answer (an `Action`, or a `Choice` that may name the
-    method and propose a chain of tokens)."""
-    proposal = None
-    if isinstance(choice, Choice):
-        if choice.method is not None:
-            verifier = get_method(choice.method)
-        if choice.proposal is not None:
-            proposal = tuple(int(t) for t in choice.proposal)
-            if choice.action != Action(1, len(proposal), 0):
-                raise ValueError(f"selector {type(policy).__name__}: a proposal of {len(proposal)} tokens is the "
-                                 f"chain 1,{len(proposal)},0, not {choice.action}")
-        choice = choice.action
-    if not isinstance(choice, Action):
-        raise TypeError(f"selector {type(policy).__name__}.select returned {choice!r}, not an Action or a Choice")
-    return choice, verifier, proposal
-
+def _as_choice(policy: Policy, choice) -> Choice:
+    """A policy's answer (an `Action` or a `Choice`) as a `Choice`."""
+    if isinstance(choice, Action):
+        return Choice(choice)
+    if not isinstance(choice, Choice):
+        raise TypeError(f"policy {type(policy).__name__}.select returned {choice!r}, not an Action or a Choice")
+    return choice
 
 
 def _prune(state: DecodeState, ctx_t: int, tree, drafted, accepted: list[int], emitted: int, root_step: tuple,
@@ -346,7 +314,7 @@ def check_supported(verifier: VerificationMethod | None, action: Action) -> None
 
 
 def generate(target: torch.nn.Module, draft: torch.nn.Module | None, prompt: list[int], max_new_tokens: int,
-             method: str = "traversal", policy: Action | Selector = DEFAULT_ACTION,
+             method: str = "traversal", policy: Action | Policy = DEFAULT_ACTION,
              sampling: Sampling = DEFAULT_SAMPLING, seed: int = 0, vocab_size: int | None = None,
              eos_token_ids: Iterable[int] = ()) -> DecodeResult:
     """Functional form of `SpeculativeDecoder.generate` (vocab_size defaults to the target's head)."""

@@ -1,0 +1,214 @@
+"""One price for a decoding step, and the decision that uses it (numpy only, no torch).
+
+Every consumer prices steps here: training costs (`models.selector_data`), the exported runtime
+(`export.runtime`), offline evaluation and the pricing audit (`evaluation`), collect's and train's oracle
+reports. ``step_seconds`` is the one name for the seconds of one step; means are the one statistic
+(throughput pays the mean step, right tail included).
+
+Step classes (what a step is priced as):
+- *plain*: no tree, one target pass on the root (autoregressive, or a declined step);
+- *drafted* ``(method, action)``: the draft's forwards for the action's tree, one target pass, verification;
+- *lookup* ``n``: a chain of n tokens copied from the context (`decoding.lookup`): one target pass, no draft.
+
+The price of a step at context length c (tokens before the root) is a ratio to a plain step at the same
+context, measured on whole decoded steps (`data_collection.step_prices`):
+
+    plain(c)            = t_p(c, 1) * plain_scale
+    step_seconds(c, a)  = plain(c) * model_ratio(c, a) * correction(a)  [+ verify_offset(method, a)]
+    lookup(c, n)        = plain(c) * t_p(c, 1 + n) / t_p(c, 1) * lookup_correction(n)
+
+``model_ratio(c, a)`` is the forward tables' ratio of the action's forwards (`draft_forwards` and one target pass
+of ``1 + L1 + K * L2`` tokens) to one plain target pass: it carries how a step's cost grows with its context.
+``correction(a)`` is what whole steps measured in the engine's loop say beyond it: the measured ratio of the action's
+steps to the plain steps decoded in the same interleaved rounds, over the model ratio at the rounds' contexts. An
+action the profile did not decode gets the mean correction of the decoded speculative shapes (lookup chains: of the
+decoded lengths). Ratios measured in the same rounds survive the machine's 2-3x speed phases: a phase moves a plain
+and a drafted step alike. ``plain_scale`` brings the tables' one-token pass to a whole plain step (sampling, pruning,
+bookkeeping).
+
+A step the policy decided (``select`` ran) also pays for deciding: ``plain(c) * decide_ratio`` (the features of the
+policy's feature set, measured in the loop like the rest; ``paper`` features add the draft's root step when the step
+declines) plus the selector's own inference seconds (measured by export).
+
+The decision rule (`decide`): the output of the highest predicted ``Ê / step_seconds`` (expected tokens per second)
+among the valid ones; ties go to the first.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from .actions import Action, ActionSpace
+
+FEATURE_MODES = (None, "target_only", "paper")
+VERIFY_REFERENCE = "traversal"  # the method the measured steps verify with; others add their verify offset
+PLAIN = "plain"  # step-class key of a plain step
+LOOKUP = "lookup"  # step-class key prefix of a lookup chain: "lookup:3"
+
+
+def action_arrays(actions: ActionSpace | Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(K, L1, L2)``, each ``[A]`` int64, in the order of ``actions``."""
+    if isinstance(actions, ActionSpace):
+        return actions.arrays()[:3]
+    actions = list(actions)
+    if not all(isinstance(a, Action) for a in actions):
+        raise TypeError("actions must be an ActionSpace or a sequence of Action")
+    return tuple(np.array([getattr(a, f) for a in actions], dtype=np.int64).reshape(-1) for f in ("K", "L1", "L2"))
+
+
+def draft_forwards(actions: ActionSpace | Sequence[Action]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draft forwards the engine makes in one step of each action: ``(action index, context offset, rows)``,
+    each ``[F]``, grouped by action. The root's one-row step at offset 0 (when the tree is not empty); the fed trunk
+    nodes at offsets 1..L1 (the last trunk node is a leaf when ``L2 = 0``); ``L2 - 1`` rollout levels of K rows at
+    offset ``1 + L1 + K * i`` (leaves are not fed)."""
+    k, l1, l2 = action_arrays(actions)
+    return _forward_layout(tuple(k.tolist()), tuple(l1.tolist()), tuple(l2.tolist()))
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_layout(k: tuple[int, ...], l1: tuple[int, ...], l2: tuple[int, ...]):
+    parts = []
+    for a, (ka, l1a, l2a) in enumerate(zip(k, l1, l2, strict=True)):
+        if l1a + ka * l2a > 0:
+            parts.append((a, 0, 1))
+        trunk = l1a if l2a > 0 else max(l1a - 1, 0)
+        parts += [(a, j, 1) for j in range(1, trunk + 1)]
+        parts += [(a, 1 + l1a + ka * i, ka) for i in range(max(l2a - 1, 0))]
+    out = np.array(parts, dtype=np.int64).reshape(-1, 3)
+    for col in out.T:
+        col.setflags(write=False)
+    return out[:, 0], out[:, 1], out[:, 2]
+
+
+def model_ratio(latency, context_lengths, actions: ActionSpace | Sequence[Action]) -> np.ndarray:
+    """``[L, A]``: the tables' seconds of each action's forwards over one plain target pass, at each context."""
+    ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
+    k, l1, l2 = action_arrays(actions)
+    idx, rel, rows = draft_forwards(actions)
+    draft = np.zeros((k.shape[0], ls.size))  # [A, L]
+    if idx.size:
+        np.add.at(draft, idx, latency.t_q(rel[:, None] + ls[None, :], rows[:, None]))
+    size = l1 + k * l2
+    target = latency.t_p(np.broadcast_to(ls[:, None], (ls.size, k.shape[0])), np.broadcast_to(1 + size, (ls.size,
+                                                                                                          k.shape[0])))
+    return (draft.T + target) / np.asarray(latency.t_p(ls, 1)).reshape(-1, 1)
+
+
+def plain_seconds(latency, context_lengths) -> np.ndarray:
+    """``[L]`` seconds of one plain step at each context length."""
+    ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
+    return np.asarray(latency.t_p(ls, 1)).reshape(-1) * latency.step_ratios.plain_scale
+
+
+def corrections(latency, actions: Sequence[Action]) -> np.ndarray:
+    """``[A]`` measured / modelled ratio of each action (module docstring): its own where the profile decoded it, the
+    mean over the decoded speculative shapes elsewhere (1 for the plain step, and without measurements)."""
+    sr = latency.step_ratios
+    actions = list(actions)
+    measured = {a: r for a, r in sr.actions.items() if a.tree_size}
+    out = np.ones(len(actions))
+    if not measured:
+        return out
+    keys = list(measured)
+    own = np.array([measured[a] for a in keys]) / model_ratio(latency, [sr.context], keys)[0]
+    mean = float(np.mean(own))
+    index = {a: i for i, a in enumerate(keys)}
+    for i, a in enumerate(actions):
+        if a.tree_size:
+            out[i] = own[index[a]] if a in index else mean
+    return out
+
+
+def verify_offset(latency, method: str | None, actions: Sequence[Action]) -> np.ndarray:
+    """``[A]`` seconds a step verified by ``method`` costs beyond one verified by `VERIFY_REFERENCE` (the profile's
+    ``verify_seconds``); 0 for the empty tree, an unmeasured method or shape, and ``method`` None."""
+    mine = latency.verify_of.get(method) if method is not None else None
+    ref = latency.verify_of.get(VERIFY_REFERENCE, {})
+    if not mine:
+        return np.zeros(len(actions))
+    return np.array([mine[a] - ref[a] if a.tree_size and a in mine and a in ref else 0.0 for a in actions])
+
+
+def decide_seconds(latency, context_lengths, actions: Sequence[Action], features: str | None,
+                   inference_seconds: float = 0.0) -> np.ndarray:
+    """``[L, A]`` what deciding adds to a step (module docstring): 0 without features (a static policy)."""
+    ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
+    if features not in FEATURE_MODES:
+        raise ValueError(f"features must be one of {FEATURE_MODES}, got {features!r}")
+    out = np.zeros((ls.size, len(actions)))
+    if features is None:
+        return out
+    out += (plain_seconds(latency, ls) * latency.step_ratios.decide_ratio)[:, None] + float(inference_seconds)
+    if features == "paper":  # the draft's root step, also where the step declines
+        empty = np.array([a.tree_size == 0 for a in actions])
+        root = np.asarray(latency.t_q(ls, 1)).reshape(-1) * latency.step_ratios.plain_scale
+        out[:, empty] += root[:, None]
+    return out
+
+
+def step_seconds(latency, context_lengths, actions: ActionSpace | Sequence[Action], methods: Sequence[str] | None = None,
+                 features: str | None = None, inference_seconds: float = 0.0) -> np.ndarray:
+    """``[L, A]`` (``methods`` None: verified by `VERIFY_REFERENCE`) or ``[L, M * A]`` (method-major) seconds of one
+    step of each action at each context length; ``features`` / ``inference_seconds``: what deciding adds
+    (`decide_seconds`). Computed once per distinct length: a per-root array of lengths may repeat them."""
+    ctx = np.asarray(context_lengths, dtype=np.int64).reshape(-1)
+    actions = list(actions)
+    uniq, inverse = np.unique(ctx, return_inverse=True)
+    if not uniq.size:
+        return np.zeros((0, len(actions) * (len(methods) if methods else 1)))
+    base = plain_seconds(latency, uniq)[:, None] * model_ratio(latency, uniq, actions) * corrections(latency, actions)
+    base += decide_seconds(latency, uniq, actions, features, inference_seconds)
+    if methods:
+        base = np.concatenate([base + verify_offset(latency, m, actions)[None, :] for m in methods], axis=1)
+    return base[inverse.reshape(-1)]
+
+
+def lookup_seconds(latency, context_lengths, lengths: Sequence[int]) -> np.ndarray:
+    """``[L, N]`` seconds of one lookup chain step of each of ``lengths`` tokens at each context length."""
+    ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
+    n = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    sr = latency.step_ratios
+    ratio = latency.t_p(ls[:, None], 1 + n[None, :]) / np.asarray(latency.t_p(ls, 1)).reshape(-1, 1)
+    measured = {int(k): v for k, v in sr.lookup.items()}
+    corr = np.ones(n.size)
+    if measured:
+        keys = sorted(measured)
+        own = np.array([measured[k] for k in keys]) / (latency.t_p(sr.context, 1 + np.array(keys))
+                                                       / latency.t_p(sr.context, 1))
+        mean = float(np.mean(own))
+        corr = np.array([own[keys.index(int(m))] if int(m) in measured else mean for m in n])
+    return plain_seconds(latency, ls)[:, None] * ratio * corr[None, :]
+
+
+def decide(predicted: np.ndarray, seconds: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """The decision rule: per root, ``argmax_o predicted[o] / seconds[o]`` over the ``valid`` outputs (``[O]`` bool;
+    default all; NaN predictions are never chosen). ``predicted`` ``[N, O]`` or ``[O]``, seconds broadcast to it."""
+    predicted = np.asarray(predicted, dtype=np.float64)
+    score = np.where(np.isfinite(predicted), predicted, -np.inf) / np.asarray(seconds, dtype=np.float64)
+    if valid is not None:
+        score = np.where(np.asarray(valid, dtype=bool), score, -np.inf)
+    return np.argmax(score, axis=-1)
+
+
+def step_class(action: Action, method: str | None, lookup: bool) -> str:
+    """The class key of a step (module docstring): ``plain``, ``lookup:n`` or ``<method>:K,L1,L2``."""
+    if not action.tree_size:
+        return PLAIN
+    if lookup:
+        return f"{LOOKUP}:{action.L1}"
+    return f"{method}:{action}"
+
+
+def price_step(latency, step, features: str | None = None, inference_seconds: float = 0.0) -> float:
+    """Seconds the model prices one decoded step (`decoding.policy.StepResult`) at; ``features``: the feature set of
+    the selector that decides the policy's drafted and plain steps (None: a policy that computes no features), charged
+    where ``select`` ran and no lookup chain was proposed."""
+    c = [step.context_length]
+    if step.lookup:  # the chain was proposed before any selector ran: no deciding to pay
+        return float(lookup_seconds(latency, c, [step.action.L1])[0, 0])
+    feats = features if step.selected else None
+    method = step.method if step.action.tree_size else None
+    return float(step_seconds(latency, c, [step.action], [method or VERIFY_REFERENCE], feats, inference_seconds)[0, 0])

@@ -1,0 +1,80 @@
+"""The selector's training inputs from the collected dataset: shared by stage train and the studies.
+
+`training_data` loads the collected roots, their labels and step costs (`decoding.pricing`) as
+`models.selector_data.SelectorData` for ``train.method`` / ``train.feature_set``; `layout_for` is the output layout
+of ``train.method``; `inference_seconds` times the selector's own forward (charged to every step it decides);
+`hparams` hands ``train.*``'s optimisation knobs to the training loop (`pipeline.sections.train` is their one home).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def layout_for(tc, manifest: dict):
+    from decoding.actions import parse_action
+    from models.selector_network import OutputLayout
+    from pipeline.config import ConfigError
+
+    collected = list(manifest["methods"])
+    methods = (tc.auto_methods or collected) if tc.method == "auto" else [tc.method]
+    missing = [m for m in methods if m not in collected]
+    if missing:
+        raise ConfigError(f"train.method / train.auto_methods name {missing}, but the dataset has labels only for "
+                         f"{collected}; add them to collect.methods and re-collect, or choose among those")
+    return OutputLayout(tuple(methods), tuple(parse_action(a) for a in manifest["actions"]), tc.method == "auto")
+
+
+def inference_seconds(net, reps: int = 200) -> float:
+    """Mean seconds of one forward of ``net`` on one root (batch 1, CPU, inference mode)."""
+    import numpy as np
+    import torch
+
+    xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            net(*xs)
+            times.append(time.perf_counter() - t0)
+    return float(np.mean(times))
+
+
+def training_data(cfg):
+    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset."""
+    import numpy as np
+
+    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset_schema import label_se_column
+    from decoding.features import FeatureSchema
+    from decoding.latency import LatencyModel
+    from models.selector_data import build_selector_data
+    from models.selector_network import SelectorNet
+
+    tc = cfg.train
+    manifest = read_manifest(cfg.collect.out)
+    layout = layout_for(tc, manifest)
+    hidden = manifest["pair"]["hidden_sizes"]
+    schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])
+    latency = LatencyModel.load(cfg.profile.out)
+    ds = load_collected(cfg.collect.out)
+    cols = ds.with_format("numpy")[:]
+    collected = list(manifest["methods"])
+    labels = {m: label_matrix(ds, m) for m in collected}
+    label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
+    # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
+    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                        *layout.constraints())
+    infer = inference_seconds(probe) if tc.charge_inference else 0.0
+    data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
+    return manifest, layout, schema, latency, data, infer
+
+
+def hparams(tc):
+    """``train.*``'s optimisation knobs as `models.selector_training.SelectorHParams` (which has no defaults of its
+    own for them)."""
+    from models.selector_training import SelectorHParams
+
+    return SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
+                           label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
+                           throughput_alpha=tc.throughput_alpha)
