@@ -75,8 +75,8 @@ def build_sidecar(meta: Mapping, onnx_sha256: str, parity: dict, versions: dict)
                     "table": output_table(outputs), "names": list(names),
                     "tied": meta.get("architecture", {}).get("tied"), "fixed": meta.get("architecture", {}).get("fixed")},
         "decision": f"choice = argmax over valid outputs of {names[0]} / step_seconds; "
-                    "step_seconds[o] = LatencyModel.output_seconds_at(context_length, actions, methods, "
-                    "features=feature_set) of output o's (method, action) (decoding/latency.py) + inference_seconds",
+                    "step_seconds[o] = decoding.pricing.step_seconds(latency_profile, context_length, actions, methods, "
+                    "feature_set, inference_seconds) of output o's (method, action) (decoding/pricing.py)",
         "latency_profile": meta.get("latency"),
         "inference_seconds": float(meta.get("inference_seconds") or 0.0),  # charged to every decided step
         "objective": meta.get("objective"), "feature_set": meta["feature_set"],

@@ -104,8 +104,9 @@ def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, repo
         "scalars": list(schema.scalars), "objective": tc.objective,
         "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
         "latency": latency.to_dict(),  # the profile the costs came from (export embeds it in its sidecar)
-        "decision": "argmax over valid outputs o of output[o] / T(o); T = LatencyModel.output_seconds_at(context_length, "
-                    "actions, methods, features=feature_set) + inference_seconds (method-major)",
+        "decision": "argmax over valid outputs o of output[o] / T(o) (decoding.pricing.decide); T = "
+                    "decoding.pricing.step_seconds(latency, context_length, actions, methods, feature_set, "
+                    "inference_seconds) (method-major)",
         "inference_seconds": infer,
         "latency_profile": {"path": cfg.profile.out, "sha256": sha256_file(cfg.profile.out),
                             "meta": getattr(latency, "meta", {})},
