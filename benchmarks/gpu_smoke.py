@@ -114,9 +114,9 @@ def tree_pass_ratios(latency_file: Path) -> dict[str, dict[str, float]]:
     tokens, seconds, contexts = prof["target_tokens"], prof["target_seconds"], prof["contexts"]
     out = {}
     for c in sorted({0, len(contexts) - 1}):
-        row = seconds[c]
-        out[f"context_{contexts[c]}"] = {str(n): row[i] / row[0] for i, n in enumerate(tokens) if n in TREE_TOKENS}
-        out[f"context_{contexts[c]}"]["plain_step_ms"] = 1e3 * row[0]
+        row, key = seconds[c], f"context_{int(contexts[c])}"
+        out[key] = {str(int(n)): row[i] / row[0] for i, n in enumerate(tokens) if int(n) in TREE_TOKENS}
+        out[key]["plain_step_ms"] = 1e3 * row[0]
     return out
 
 
