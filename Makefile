@@ -71,10 +71,12 @@ bench: setup
 # The path a GPU user takes: the quick preset end to end on DEVICE in DTYPE with an HF target and an HF draft folder
 # made from the embedded model (benchmarks/gpu_smoke.py) -> benchmarks/results/gpu_smoke.json (gpu_smoke_cpu.json
 # for DEVICE=cpu, the CPU twin that `make bench` runs). Under 10 minutes on one GPU.
+# SMOKE_ARGS: more flags, e.g. SMOKE_ARGS='--set profile.overhead_tokens=8' to shrink the twin on a busy CPU.
 DEVICE ?= cuda
 DTYPE ?= bfloat16
+SMOKE_ARGS ?=
 gpu-smoke: setup
-	$(BIN)/python -m benchmarks.gpu_smoke --device $(DEVICE) --dtype $(DTYPE)
+	$(BIN)/python -m benchmarks.gpu_smoke --device $(DEVICE) --dtype $(DTYPE) $(SMOKE_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

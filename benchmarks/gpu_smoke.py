@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(ROOT / ".cache" / "gpu_smoke"), help="models/ and run/ go here")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds the whole pipeline should take")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_smoke[_cpu].json")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more params override for every stage (e.g. to shrink the CPU twin on a busy machine)")
     args = parser.parse_args(argv)
     device_name = check_device(args.device)
     import torch
@@ -154,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     folders_seconds = time.perf_counter() - start
     run = work / "run"
     shutil.rmtree(run, ignore_errors=True)
-    seconds = run_stages(run, Path(args.preset).resolve(),
-                         stage_overrides(target, draft, args.device, args.dtype, cache_dir))
+    overrides = stage_overrides(target, draft, args.device, args.dtype, cache_dir)
+    seconds = run_stages(run, Path(args.preset).resolve(), overrides + [a for e in args.extra for a in ("--set", e)])
     total = sum(seconds.values())
     result = {
         "where": {"device": args.device, "device_name": device_name, "dtype": args.dtype, "cpu_count": os.cpu_count(),
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "pair": {"target": f"hf: SmolLM2-135M-Instruct ({EMBEDDED}) saved as an HF folder",
                  "draft": f"hf: its first {args.draft_layers} layers saved as an HF folder (untrained early exit)"},
-        "preset": args.preset.removeprefix(str(ROOT) + "/"),
+        "preset": args.preset.removeprefix(str(ROOT) + "/"), "extra_overrides": args.extra,
         "stage_seconds": seconds, "pipeline_seconds": total, "hf_folders_seconds": folders_seconds,
         "budget_seconds": args.budget, "within_budget": total <= args.budget,
         "tree_pass_over_step": tree_pass_ratios(run / "artifacts" / "latency.json"),
