@@ -99,7 +99,7 @@ def run_stages(run: Path, preset: Path, overrides: list[str]) -> dict[str, float
         start = time.perf_counter()
         with log.open("w") as f:
             done = subprocess.run([sys.executable, "-m", "pipeline.cli", stage, "--params", str(preset), *overrides],
-                                  cwd=run, env=env, stdout=f, stderr=subprocess.STDOUT)
+                                  cwd=run, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
         seconds[stage] = time.perf_counter() - start
         print(f"gpu-smoke: {stage:<12} {seconds[stage]:6.1f} s", flush=True)
         if done.returncode != 0:
