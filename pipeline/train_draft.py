@@ -17,6 +17,11 @@ as the draft spec ``self_draft:<out>``) and ``train_draft.metrics`` (metrics/dra
    draft/target step time.
 
 ``--evaluate-only`` runs step 3 on the existing artifact (anyone can re-measure the metrics).
+
+A pair whose draft is not this stage's self-draft (``model.draft`` an ``hf:``, ``gguf:`` or ``embedded:`` model, or
+a ``self_draft:`` folder other than ``train_draft.out``) trains nothing: the stage measures that draft with step 3
+alone and writes, besides the metrics, only a marker ``measured.json`` into ``train_draft.out`` (the dvc out).
+The metrics file names the draft it describes (``draft``: its spec; ``kind``: ``distilled`` or ``measured``).
 """
 
 from __future__ import annotations
@@ -154,21 +159,19 @@ def setting_suffix(temperature: float, top_p: float) -> str:
     return f"T{temperature}" + ("" if top_p == 1.0 else f"_top_p{top_p}")
 
 
-def evaluate(cfg, target, tokenizer, test: list) -> dict:
-    """Step 3: acceptance on the TEST trajectories at each of their sampling settings (overall, by prompt
-    source and by target entropy), step-time ratio, expected chain efficiency."""
+def evaluate(cfg, target, tokenizer, draft, test: list) -> dict:
+    """Step 3 for any ``draft`` of ``target``: acceptance on the TEST trajectories at each of their sampling
+    settings (overall, by prompt source and by target entropy), step-time ratio, expected chain efficiency."""
     import torch
 
     from data_collection.profile import step_times, tile_ids
     from models.draft_data import breakdown, chain_block_efficiency, position_stats
     from models.loading import common_vocab_size
-    from models.self_draft import load_self_draft
 
     td = cfg.train_draft
     if not test:
         raise ValueError(f"the trajectories in {cfg.trajectories.out} hold no TEST prompts; give that split a "
                          "positive fraction in prompts.split and rerun `branchpoint trajectories`")
-    draft = load_self_draft(target, td.out)
     metrics: dict = {"test_prompts": len({t.prompt_id for t in test})}
     for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
         group = [t for t in test if t.setting == (temperature, top_p)]
@@ -201,6 +204,51 @@ def _mlflow_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
+MEASURED_FILE = "measured.json"  # the marker a measuring run leaves in train_draft.out
+
+
+def given_draft(cfg) -> str | None:
+    """The draft spec this stage measures, or None when the pair's draft is the self-draft it distils
+    (``self_draft:<train_draft.out>``)."""
+    from models.loading import parse_spec
+
+    scheme, rest = parse_spec(cfg.model.draft)
+    if scheme == "self_draft" and Path(rest).resolve() == Path(cfg.train_draft.out).resolve():
+        return None
+    return cfg.model.draft
+
+
+def _mark_measured(folder: str, spec: str) -> None:
+    """``folder/measured.json``: the stage's out when it measured ``spec`` instead of distilling."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(folder) / MEASURED_FILE, {"draft": spec, "kind": "measured"})
+
+
+def _draft_for_metrics(cfg, args, target, tokenizer, device, dtype, trajectories) -> tuple:
+    """(the draft to measure, facts for the metrics file): the given draft as is, or the self-draft, distilled
+    first unless ``--evaluate-only``."""
+    from models.loading import load_draft
+    from models.self_draft import CONFIG_FILE, load_self_draft, read_artifact_config
+
+    td = cfg.train_draft
+    spec = given_draft(cfg)
+    if spec is not None:
+        draft = load_draft(spec, target, tokenizer, cfg.model.target, device, dtype, cfg.model.cache_dir)
+        _mark_measured(td.out, spec)
+        print(f"model.draft is {spec}, not this stage's self-draft: measuring it, nothing trained")
+        return draft, {"draft": spec, "kind": "measured"}
+    if args.evaluate_only:
+        read_artifact_config(td.out)  # clear error when the artifact is missing
+        facts = json.loads((Path(td.out) / CONFIG_FILE).read_text()).get("extra", {})
+    else:
+        start = time.perf_counter()
+        facts = train(cfg, target, tokenizer, trajectories, progress=args.progress)
+        (Path(td.out) / MEASURED_FILE).unlink(missing_ok=True)
+        print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
+              f"artifact: {td.out}/")
+    return load_self_draft(target, td.out), {"draft": cfg.model.draft, "kind": "distilled", **facts}
+
+
 def run(cfg, args) -> int:
     import torch
 
@@ -215,21 +263,10 @@ def run(cfg, args) -> int:
     for p in target.parameters():
         p.requires_grad_(False)
     trajectories = load_split_trajectories(cfg, target)
-    facts = {}
-    metrics_path = Path(td.metrics)
-    if args.evaluate_only:
-        from models.self_draft import CONFIG_FILE, read_artifact_config
-
-        read_artifact_config(td.out)  # clear error when the artifact is missing
-        facts = json.loads((Path(td.out) / CONFIG_FILE).read_text()).get("extra", {})
-    else:
-        start = time.perf_counter()
-        facts = train(cfg, target, tokenizer, trajectories, progress=args.progress)
-        print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
-              f"artifact: {td.out}/")
+    draft, facts = _draft_for_metrics(cfg, args, target, tokenizer, device, dtype, trajectories)
     with _threads(cfg.model.threads):  # measured as the decoder runs: on model.threads cores
-        metrics = {**evaluate(cfg, target, tokenizer, trajectories["test"]), **facts}
-    write_json_atomic(metrics_path, metrics)
+        metrics = {**evaluate(cfg, target, tokenizer, draft, trajectories["test"]), **facts}
+    write_json_atomic(Path(td.metrics), metrics)
     if facts.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient
 

@@ -34,6 +34,16 @@ def test_headline_reads_each_stage_and_prefers_evaluates_flat_keys():
     assert h["draft_acceptance"] is None and h["collect_seconds_per_root"] is None
 
 
+
+def test_draft_acceptance_is_only_that_of_the_pairs_draft():
+    """A draft metrics file that measured another draft (a stale self-draft, after model.draft became an HF
+    model) must not reach the headline as the pair's acceptance."""
+    draft = {"draft": "self_draft:artifacts/draft", "kind": "distilled", "acceptance_test_T1.0": 0.4}
+    assert headline_metrics(EVALUATE, {}, draft, "self_draft:artifacts/draft")["draft_acceptance"] == 0.4
+    assert headline_metrics(EVALUATE, {}, draft, "hf:/models/small")["draft_acceptance"] is None
+    unnamed = {"acceptance_test_T1.0": 0.2}  # written before the file named its draft
+    assert headline_metrics(EVALUATE, {}, unnamed, "hf:/models/small")["draft_acceptance"] == 0.2
+
 def test_headline_stage_writes_one_object_and_missing_files_are_null(tmp_path):
     from pipeline.cli import main
 

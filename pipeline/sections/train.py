@@ -21,7 +21,7 @@ class TrainConfig:
     dropout: float = 0.1
     # optimisation (AdamW, cosine decay over the epochs)
     epochs: int = 30
-    batch_size: int = 256
+    batch_size: int = 256  # roots per optimizer step, over all devices (DDP: each process takes its share)
     lr: float = 1.0e-3
     weight_decay: float = 1.0e-4
     label_weighting: str = "none"  # none | inverse_se (regression; see models/selector_training.py)
@@ -32,8 +32,8 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1  # torch CPU threads
     accelerator: str = "cpu"  # cpu | gpu | auto (Lightning)
-    devices: int | str = 1  # Lightning devices (e.g. 4 or "auto" on a multi-GPU node)
-    strategy: str = "auto"  # Lightning strategy (ddp on a multi-GPU node)
+    devices: int | str = 1  # Lightning devices (e.g. 4 or "auto" on a multi-GPU node; 2 CPU processes: 2 + ddp)
+    strategy: str = "auto"  # Lightning strategy (ddp on a multi-GPU node; on CPU ddp runs over gloo)
     out: str = "artifacts/selector_torch"  # selector.safetensors + selector.json, checkpoints/, plots/ (export reads it)
     metrics: str = "metrics/train.json"
 
