@@ -101,8 +101,10 @@ def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
         client.log_batch(run_id, metrics=items[i:i + 900])
 
 
-def training_data(cfg):
-    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset."""
+def training_data(cfg, chain: bool = False):
+    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset; with
+    ``chain``, of a chain selector: ``train.method``'s labels of the grid's chains, one output per draft length
+    (`models.selector_data.chain_labels`)."""
     import numpy as np
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest
@@ -123,12 +125,27 @@ def training_data(cfg):
     collected = list(manifest["methods"])
     labels = {m: label_matrix(ds, m) for m in collected}
     label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
+    if chain:
+        layout, labels, label_se = chain_layout(layout, labels, label_se)
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
     probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                         *layout.constraints())
     infer = inference_seconds(probe) if tc.charge_inference else 0.0
     data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
     return manifest, layout, schema, latency, data, infer
+
+
+def chain_layout(layout, labels: dict, label_se: dict):
+    """``(layout, labels, label_se)`` of a chain selector: ``layout``'s one method, its chains' labels only."""
+    from models.selector_data import chain_labels
+    from models.selector_network import OutputLayout
+    from pipeline.config import ConfigError
+
+    if layout.auto:
+        raise ConfigError("a chain selector learns one method's labels; set train.method to one method, not auto")
+    method = layout.methods[0]
+    chains, e, se = chain_labels(labels[method], label_se[method], layout.actions)
+    return OutputLayout((method,), chains), {method: e}, {method: se}
 
 
 def start_tracking(cfg, args, manifest, layout, data, infer):
@@ -162,14 +179,15 @@ def hparams(tc):
 
 
 def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
-                  best_ckpt) -> dict:
-    """The trained selector's meta (`models.selector_network.save_selector`)."""
+                  best_ckpt, chain: bool = False) -> dict:
+    """The trained selector's meta (`models.selector_network.save_selector`); ``kind``: ``chain`` (outputs: chains
+    ``(1, n, 0)``, verified as one chain, `pipeline.chain_selector`) or ``tree``."""
     from decoding.files import sha256_file
     from models.selector_eval import serializable
 
     tc = cfg.train
     return {
-        "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
+        "kind": "chain" if chain else "tree", "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
         "scalars": list(schema.scalars), "objective": tc.objective,
         "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
         "latency": latency.to_dict(),  # the profile the costs came from (export embeds it in its sidecar)
@@ -271,7 +289,7 @@ def cascade_offline(cfg) -> dict:
     return out
 
 
-def train_one(cfg, args) -> int:
+def train_one(cfg, args, chain: bool = False) -> int:
     import torch
 
     from decoding.files import write_json_atomic
@@ -284,7 +302,7 @@ def train_one(cfg, args) -> int:
     tc = cfg.train
     torch.set_num_threads(tc.threads)
     start = time.perf_counter()
-    manifest, layout, schema, latency, data, infer = training_data(cfg)
+    manifest, layout, schema, latency, data, infer = training_data(cfg, chain)
     dm = SelectorDataModule(data, tc.batch_size, tc.seed)
     net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                       *layout.constraints())
@@ -311,7 +329,7 @@ def train_one(cfg, args) -> int:
     _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
     baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
     meta = selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
-                         best_ckpt)
+                         best_ckpt, chain)
     save_selector(out, net, meta)
     ev = log_selector_artifacts(client, run_id, net, out, reports, {"test": test, "val": val}, valid, best_ckpt)
     total = time.perf_counter() - start

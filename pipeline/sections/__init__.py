@@ -27,6 +27,7 @@ SECTION_CLASSES = {
     "export": "ExportConfig",
     "profile": "ProfileConfig",
     "train": "TrainConfig",
+    "chain_selector": "ChainSelectorConfig",
     "evaluate": "EvaluateConfig",
 }
 
