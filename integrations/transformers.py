@@ -17,7 +17,7 @@ Pieces:
   latency profile of this machine (`export.runtime.SelectorRuntime`).
 - `AssistantDrafter`: the draft. Any module with the HF causal-LM call convention (``model(input_ids=,
   position_ids=, cache=, use_cache=)`` -> ``.logits``) sharing the target's vocabulary: an HF assistant model,
-  or the project's self-draft (`self_draft_assistant`), so the default pair works. Its q rows go through the
+  or the project's self-draft (`integrations.assistant.self_draft_assistant`), so the default pair works. Its q rows go through the
   same logits processors as the target's, so speculative sampling compares the distributions it samples from.
 - `branchpoint_generate(model, inputs, selector=..., assistant=..., **generate_kwargs)`: the entry point; it calls
   ``model.generate(..., custom_generate=BranchpointDecoding(...))``.
@@ -256,20 +256,13 @@ def check_assistant(model, assistant) -> None:
     """Raise `IntegrationError` unless ``assistant`` scores the target's vocabulary (one token space)."""
     if assistant is None:
         raise IntegrationError("pass assistant=: an HF causal LM with the target's tokenizer, or the self-draft "
-                               "(integrations.transformers.self_draft_assistant(model, 'artifacts/draft'))")
+                               "(integrations.assistant.self_draft_assistant(model, 'artifacts/draft'))")
     rows = getattr(getattr(assistant, "config", None), "vocab_size", None)
     if rows is None and hasattr(assistant, "get_output_embeddings"):
         rows = assistant.get_output_embeddings().weight.shape[0]
     if rows is not None and int(rows) != int(model.config.vocab_size):
         raise IntegrationError(f"the assistant scores {rows} tokens, the target {model.config.vocab_size}: they do "
                                "not share a vocabulary (a different tokenizer); use an assistant of the target's family")
-
-
-def self_draft_assistant(model, folder: str | Path = "artifacts/draft"):
-    """The project's self-speculative draft (``branchpoint train-draft``) over ``model``, as an assistant."""
-    from models.self_draft import load_self_draft
-
-    return load_self_draft(model, folder)
 
 
 def branchpoint_generate(model, inputs=None, selector: str | Path | SelectorRuntime = "artifacts/selector_chain",

@@ -217,3 +217,19 @@ def test_a_missing_latency_profile_is_refused(pair, chain_folder, tmp_path):
     assert load_chain_selector(bare, pair[0], latency=profile).latency is not None
     with pytest.raises(IntegrationError, match="no selector folder"):
         load_chain_selector(tmp_path / "absent", pair[0])
+
+
+def test_the_self_draft_is_an_assistant_for_both_transformers_and_the_selector(pair, chain_folder):
+    """The self-draft wrapped as an HF model: transformers' own assisted generation and branchpoint_generate both
+    decode with it, greedy token-identical to plain generate()."""
+    from integrations.assistant import SelfDraftAssistant
+    from models.self_draft import SelfDraft, SelfDraftConfig
+
+    target = pair[0]
+    assistant = SelfDraftAssistant(SelfDraft(target, SelfDraftConfig(layers=2, adapter_width=8,
+                                                                     vocab_subset_size=40)).eval(), target)
+    ids = torch.tensor(PROMPT)
+    kw = {"do_sample": False, "max_new_tokens": 32, "min_new_tokens": 32}
+    plain = target.generate(ids, **kw).tolist()
+    assert target.generate(ids, assistant_model=assistant, **kw).tolist() == plain
+    assert branchpoint_generate(target, ids, selector=chain_folder, assistant=assistant, **kw).tolist() == plain
