@@ -233,3 +233,26 @@ def test_the_self_draft_is_an_assistant_for_both_transformers_and_the_selector(p
     plain = target.generate(ids, **kw).tolist()
     assert target.generate(ids, assistant_model=assistant, **kw).tolist() == plain
     assert branchpoint_generate(target, ids, selector=chain_folder, assistant=assistant, **kw).tolist() == plain
+
+
+@pytest.mark.slow  # the embedded SmolLM2-135M target, 128 tokens three times: ~1-2 minutes on 2 cores
+@pytest.mark.integration
+def test_greedy_on_the_real_pair_is_token_identical(smollm2_pair, tmp_path):
+    """The default pair's target with its (untrained) self-draft as the assistant, and a chain selector of its
+    shapes: greedy branchpoint_generate (with and without lookup) gives plain generate()'s 128 tokens."""
+    from integrations.assistant import SelfDraftAssistant
+    from models.self_draft import SelfDraft, SelfDraftConfig
+
+    target, tok = smollm2_pair.target, smollm2_pair.tokenizer
+    folder = export_chain(tmp_path / "chain", target.config.hidden_size, target.config.vocab_size)
+    side = json.loads((folder / "selector.json").read_text())
+    side["pair"]["tokenizer_size"] = len(tok)
+    (folder / "selector.json").write_text(json.dumps(side))
+    draft = SelfDraftAssistant(SelfDraft(target, SelfDraftConfig(layers=8, adapter_width=64,
+                                                                 vocab_subset_size=8192)).eval(), target)
+    ids = tok("def fibonacci(n):\n    # return the n-th Fibonacci number\n", return_tensors="pt").input_ids
+    kw = {"do_sample": False, "max_new_tokens": 128, "min_new_tokens": 128}
+    plain = target.generate(ids, **kw).tolist()
+    for lookup in (None, 4):
+        ours = branchpoint_generate(target, ids, selector=folder, assistant=draft, tokenizer=tok, lookup=lookup, **kw)
+        assert ours.tolist() == plain
