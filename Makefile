@@ -72,7 +72,7 @@ bench: setup
 # made from the embedded model (benchmarks/gpu_smoke.py) -> benchmarks/results/gpu_smoke.json (gpu_smoke_cpu.json
 # for DEVICE=cpu, the CPU twin that `make bench` runs in float32: bf16 on CPU runs unpacked, a profile of it took
 # over 30 minutes on 2 busy cores; tests/test_half_precision.py covers bf16 there). Under 10 minutes on one GPU.
-# SMOKE_ARGS: more flags, e.g. SMOKE_ARGS='--set profile.overhead_tokens=8' to shrink the twin on a busy CPU.
+# SMOKE_ARGS: more flags, e.g. SMOKE_ARGS='--set profile.price_rounds=2' to shrink the twin on a busy CPU.
 DEVICE ?= cuda
 DTYPE ?= bfloat16
 SMOKE_ARGS ?=

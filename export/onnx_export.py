@@ -67,6 +67,7 @@ def build_sidecar(meta: Mapping, onnx_sha256: str, parity: dict, versions: dict)
     names = output_names(meta.get("objective"))
     return {
         "format": "branchpoint-selector-onnx", "format_version": 1,
+        "kind": meta.get("kind", "tree"),  # chain: outputs (1, n, 0), one chain verified (pipeline/chain_selector.py)
         "onnx_file": ONNX_FILE, "onnx_sha256": onnx_sha256, "opset": OPSET,
         "features": meta["schema"],
         "inputs": [*(i["name"] for i in meta["schema"]["inputs"]), STEP_SECONDS],

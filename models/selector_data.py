@@ -99,6 +99,30 @@ class SelectorData:
         return (self.labels[rows, a] / self.cost_static[rows, a]).astype(np.float64)
 
 
+def chain_labels(labels: np.ndarray, label_se: np.ndarray, actions) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """A chain selector's outputs and labels from the grid's: ``(chains, Ê [N, C], se [N, C])``.
+
+    The chains are ``(1, n, 0)`` for every draft length n that a chain of the grid drafts (``K = 1``, or ``L2 = 0``
+    at the smallest K), n = 0 (a plain step) included. Chains of equal length are the same draft in distribution
+    (`decoding.actions`), so a length's label is the mean of its chains' labels (each an unbiased estimate from
+    its own draws) and its standard error ``sqrt(sum se^2) / count``. Under any OT verifier a chain is verified by
+    standard speculative sampling (ALGORITHMS.md section 3.1, k = 1): these are the labels of ``naive``."""
+    from decoding.actions import Action
+
+    k_min = min(a.K for a in actions)
+    by_length: dict[int, list[int]] = {}
+    for i, a in enumerate(actions):
+        if a.K == 1 or (a.L2 == 0 and a.K == k_min):
+            by_length.setdefault(a.tree_size, []).append(i)
+    if not by_length:
+        raise SelectorDataError("the action grid holds no chain (K = 1, or L2 = 0): no chain selector to train")
+    lengths = sorted(by_length)
+    E = np.stack([labels[:, by_length[n]].mean(axis=1) for n in lengths], axis=1).astype(np.float32)  # [N, C]
+    se = np.stack([np.sqrt((label_se[:, by_length[n]].astype(np.float64) ** 2).sum(axis=1)) / len(by_length[n])
+                   for n in lengths], axis=1).astype(np.float32)
+    return tuple(Action(1, n, 0) for n in lengths), E, se
+
+
 def _column(columns, name: str, dtype) -> np.ndarray:
     arr = columns[name]
     if isinstance(arr, np.ndarray) and arr.dtype != object:

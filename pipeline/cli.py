@@ -26,6 +26,9 @@ COMMANDS = {
     "train": ("pipeline.train", "train the branching-point selector on the collected dataset (stage train)"),
     "export": ("pipeline.export", "export the trained selector to ONNX + sidecar, check parity, register it "
                                   "(stage export)"),
+    "chain-selector": ("pipeline.chain_selector", "train and export the chain selector: how many tokens to draft in "
+                                                  "one chain, for runtimes such as HF transformers (stage "
+                                                  "chain_selector)"),
     "evaluate": ("pipeline.evaluate", "decode TEST prompts with every policy end to end; report, plots and findings "
                                       "(stage evaluate)"),
     "publish": ("pipeline.publish", "push the DVC outputs, save this run as experiment 'main', register a selector "

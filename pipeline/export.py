@@ -104,10 +104,14 @@ def log_to_mlflow(cfg, folder: Path, sidecar: dict, inputs: dict, train_run_id: 
 
 
 def run(cfg, args) -> int:
+    return export_one(cfg, args, Path(args.selector or cfg.train.out), Path(cfg.export.out))
+
+
+def export_one(cfg, args, src: Path, out: Path) -> int:
+    """Export the trained selector in ``src`` to ``out`` (also the chain selector's, `pipeline.chain_selector`)."""
     from export.onnx_export import export_selector
     from models.selector_network import load_selector
 
-    src, out = Path(args.selector or cfg.train.out), Path(cfg.export.out)
     net, meta = load_selector(src)
     inputs, seconds = parity_rows(cfg, meta, cfg.export.parity_rows)
     sidecar = export_selector(net, meta, out, inputs, seconds, atol=cfg.export.atol)

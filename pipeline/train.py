@@ -93,14 +93,15 @@ def start_tracking(cfg, args, manifest, layout, data, infer):
 
 
 def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
-                  best_ckpt) -> dict:
-    """The trained selector's meta (`models.selector_network.save_selector`)."""
+                  best_ckpt, chain: bool = False) -> dict:
+    """The trained selector's meta (`models.selector_network.save_selector`); ``kind``: ``chain`` (outputs: chains
+    ``(1, n, 0)``, verified as one chain, `pipeline.chain_selector`) or ``tree``."""
     from decoding.files import sha256_file
     from models.selector_eval import serializable
 
     tc = cfg.train
     return {
-        "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
+        "kind": "chain" if chain else "tree", "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
         "scalars": list(schema.scalars), "objective": tc.objective,
         "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
         "latency": latency.to_dict(),  # the profile the costs came from (export embeds it in its sidecar)
@@ -152,6 +153,11 @@ def train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_r
 
 
 def run(cfg, args) -> int:
+    return train_one(cfg, args)
+
+
+def train_one(cfg, args, chain: bool = False) -> int:
+    """Train the selector (``chain``: a chain selector, `pipeline.chain_selector`) and write its folder and metrics."""
     import torch
 
     from decoding.files import write_json_atomic
@@ -164,7 +170,7 @@ def run(cfg, args) -> int:
     tc = cfg.train
     torch.set_num_threads(tc.threads)
     start = time.perf_counter()
-    manifest, layout, schema, latency, data, infer = training_data(cfg)
+    manifest, layout, schema, latency, data, infer = training_data(cfg, chain)
     dm = SelectorDataModule(data, tc.batch_size, tc.seed)
     net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                       *layout.constraints())
@@ -191,7 +197,7 @@ def run(cfg, args) -> int:
     _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
     baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
     meta = selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
-                         best_ckpt)
+                         best_ckpt, chain)
     save_selector(out, net, meta)
     ev = log_selector_artifacts(client, run_id, net, out, reports, {"test": test, "val": val}, valid, best_ckpt)
     total = time.perf_counter() - start

@@ -40,8 +40,10 @@ def inference_seconds(net, reps: int = 200) -> float:
     return float(np.mean(times))
 
 
-def training_data(cfg):
-    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset."""
+def training_data(cfg, chain: bool = False):
+    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset; with
+    ``chain``, of a chain selector: ``train.method``'s labels of the grid's chains, one output per draft length
+    (`models.selector_data.chain_labels`)."""
     import numpy as np
 
     from data_collection.dataset import label_matrix, load_collected, read_manifest
@@ -62,12 +64,27 @@ def training_data(cfg):
     collected = list(manifest["methods"])
     labels = {m: label_matrix(ds, m) for m in collected}
     label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
+    if chain:
+        layout, labels, label_se = chain_layout(layout, labels, label_se)
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
     probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                         *layout.constraints())
     infer = inference_seconds(probe) if tc.charge_inference else 0.0
     data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
     return manifest, layout, schema, latency, data, infer
+
+
+def chain_layout(layout, labels: dict, label_se: dict):
+    """``(layout, labels, label_se)`` of a chain selector: ``layout``'s one method, its chains' labels only."""
+    from models.selector_data import chain_labels
+    from models.selector_network import OutputLayout
+    from pipeline.config import ConfigError
+
+    if layout.auto:
+        raise ConfigError("a chain selector learns one method's labels; set train.method to one method, not auto")
+    method = layout.methods[0]
+    chains, e, se = chain_labels(labels[method], label_se[method], layout.actions)
+    return OutputLayout((method,), chains), {method: e}, {method: se}
 
 
 def hparams(tc):

@@ -8,7 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("package", ["decoding", "models", "data_collection", "evaluation", "pipeline", "export"])
+@pytest.mark.parametrize("package", ["decoding", "models", "data_collection", "evaluation", "pipeline", "export",
+                                     "integrations"])
 def test_package_resolves_to_this_repository(package):
     spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
@@ -18,7 +19,7 @@ def test_package_resolves_to_this_repository(package):
 def test_no_installed_distribution_claims_our_names():
     import importlib.metadata
 
-    ours = {"decoding", "models", "data_collection", "evaluation", "pipeline", "export"}
+    ours = {"decoding", "models", "data_collection", "evaluation", "pipeline", "export", "integrations"}
     for dist in importlib.metadata.distributions():
         if dist.metadata["Name"] == "branchpoint":
             continue
@@ -29,13 +30,17 @@ def test_no_installed_distribution_claims_our_names():
 
 # Each layer imports only the layers below it (docs/architecture.md).
 # export/ (the ONNX selector, its torch-free runtime and the policy registry) sits below evaluation/, which decodes
-# its policies; export/ imports neither data_collection/ nor evaluation/.
+# its policies; export/ imports neither data_collection/ nor evaluation/. integrations/ (our selectors in other
+# runtimes) is a top layer beside pipeline/: nothing imports it, and it never imports our decoder (decoding.engine),
+# a stage or the evaluation: a runtime needs only the exported selector and the numpy modules.
 FORBIDDEN = {
-    "decoding": {"models", "data_collection", "evaluation", "pipeline", "export"},
-    "models": {"data_collection", "evaluation", "pipeline", "export"},
-    "data_collection": {"evaluation", "pipeline", "export"},
-    "evaluation": {"pipeline"},
-    "export": {"data_collection", "evaluation", "pipeline"},
+    "decoding": {"models", "data_collection", "evaluation", "pipeline", "export", "integrations"},
+    "models": {"data_collection", "evaluation", "pipeline", "export", "integrations"},
+    "data_collection": {"evaluation", "pipeline", "export", "integrations"},
+    "evaluation": {"pipeline", "integrations"},
+    "export": {"data_collection", "evaluation", "pipeline", "integrations"},
+    "pipeline": {"integrations"},
+    "integrations": {"decoding.engine", "data_collection", "evaluation", "pipeline"},
 }
 
 
@@ -51,5 +56,6 @@ def test_layers_import_only_layers_below(layer):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
-            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in FORBIDDEN[layer]]
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                    if any(n == f or n.startswith(f + ".") for f in FORBIDDEN[layer])]
     assert not bad, f"{layer} imports layers above it: {bad}"

@@ -26,6 +26,7 @@ SECTION_CLASSES = {
     "export": "ExportConfig",
     "profile": "ProfileConfig",
     "train": "TrainConfig",
+    "chain_selector": "ChainSelectorConfig",
     "evaluate": "EvaluateConfig",
 }
 
