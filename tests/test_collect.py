@@ -18,6 +18,7 @@ from decoding.actions import Action, ActionSpace
 from decoding.engine import SpeculativeDecoder
 from decoding.engine.torch_sampling import prob_rows
 from decoding.labels import expected_block_efficiency, union_labels
+from decoding.policy import Policy
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree
 from decoding.union_tree import union_from_tokens, union_layout
@@ -31,7 +32,7 @@ def pair():
     return untied_pair(seed=3, noise=0.4)
 
 
-class Recorder:
+class Recorder(Policy):
     """A selector that alternates speculation and plain steps and records the features it was handed."""
 
     needs_hidden_states = True
