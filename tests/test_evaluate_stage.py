@@ -114,7 +114,7 @@ def test_evaluate_stage_writes_every_output(params, capsys):
              "threshold_chain", "prompt_lookup", "selector:auto", "selector:traversal", "selector:gbv",
              "selector:auto:lookup"]
     assert list(m["policies"]) == names and m["units"] == {"prompts": 2, "available_test_prompts": 3,
-                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 44}
+                                                           "seeds": [0, 1], "max_new_tokens": 8, "runs": 48}
     _check_pricing_audit(m)
     for name, e in m["policies"].items():
         assert e["units"] == 4 and e["prompts"] == 2
