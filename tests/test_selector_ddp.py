@@ -45,7 +45,11 @@ def _train(base: Path, devices: int, strategy: str) -> dict:
             "train.strategy": strategy, "train.out": base / name, "train.metrics": base / f"{name}.json",
             "tracking.uri": f"sqlite:///{base / name}.db"}
     cmd = [sys.executable, "-m", "pipeline.cli", "train", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    # the stage's own tracking store and a fresh process group: nothing an earlier test left in the environment
+    # (an MLflow URI or a parent run id would send the runs elsewhere, a rank or master port would join another group)
+    inherited = ("MLFLOW_", "BRANCHPOINT_", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(inherited)}, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=base, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((base / f"{name}.json").read_text())
