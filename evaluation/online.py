@@ -31,6 +31,7 @@ Terms:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -199,25 +200,30 @@ def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter, pr
 
 
 class StepRecorder:
-    """``generate``'s ``on_step`` hook of one run: the (method, action) of every step (``choices``) and, with a
-    latency profile, per step class (`decoding.pricing.step_class`) its steps and their measured seconds (prefill
-    excluded) and modelled ones (`decoding.pricing.price_step`, with what deciding costs the policy)."""
+    """``generate``'s ``on_step`` hook of one run: the (method, action) of every step (``choices``) and its steps
+    without their features (``steps``). The hook runs inside the timed decode, so it only records; `priced` prices
+    the steps after the decode."""
 
-    def __init__(self, policy: EvalPolicy, latency: LatencyModel | None) -> None:
-        self.policy, self.latency = policy, latency
+    def __init__(self) -> None:
         self.choices: Counter = Counter()
-        self.priced: dict[str, list[float]] = {}  # class -> [steps, measured seconds, modelled seconds]
+        self.steps: list = []  # decoding.policy.StepResult, features dropped (they hold [V] rows)
 
     def __call__(self, state, step) -> None:
         empty = step.action.tree_size == 0
         tag = f"+{LOOKUP_TAG}" if step.lookup else ""
         self.choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
-        if self.latency is None:
-            return
-        row = self.priced.setdefault(pricing.step_class(step.action, step.method, step.lookup), [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += step.timing.step_seconds
-        row[2] += pricing.price_step(self.latency, step, self.policy.features, self.policy.inference_seconds)
+        self.steps.append(dataclasses.replace(step, features=None))
+
+    def priced(self, policy: EvalPolicy, latency: LatencyModel | None) -> dict[str, list[float]]:
+        """Per step class (`decoding.pricing.step_class`): ``[steps, measured seconds (prefill excluded), modelled
+        seconds]`` (`decoding.pricing.price_step`, with what deciding costs ``policy``); {} without a profile."""
+        out: dict[str, list[float]] = {}
+        for step in self.steps if latency is not None else ():
+            row = out.setdefault(pricing.step_class(step.action, step.method, step.lookup), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += step.timing.step_seconds
+            row[2] += pricing.price_step(latency, step, policy.features, policy.inference_seconds)
+        return out
 
 
 def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_new_tokens: int,
@@ -234,12 +240,12 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_n
     for k, (u, seed) in enumerate((u, s) for u in units for s in seeds):
         order = list(policies[k % len(policies):]) + list(policies[: k % len(policies)])
         for p in order:
-            recorder = StepRecorder(p, latency)
+            recorder = StepRecorder()
             if not isinstance(p.policy, Action):  # a stateful policy starts every run fresh
                 p.policy.reset()
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
                                    Sampling(u.temperature, u.top_p), int(seed), on_step=recorder)
-            runs.append(_run_record(u, seed, p, res.stats, recorder.choices, recorder.priced))
+            runs.append(_run_record(u, seed, p, res.stats, recorder.choices, recorder.priced(p, latency)))
             done += 1
             if progress is not None:
                 progress(done, total)
