@@ -14,9 +14,10 @@ Terms:
 - *feature cost* ``feature_seconds``: computing the section-5 scalars at one root from ``[V]`` rows
   already on the CPU (isolated; a latency feature and a record: the price of deciding is measured in the loop).
 - *step ratios* (`StepRatios`, ``step_ratios`` in the file): whole decoded steps measured in the engine's loop as
-  ratios to the plain steps decoded in the same interleaved rounds (`data_collection.step_prices`): each action's
-  (verified by Traversal), each lookup chain length's, what deciding adds to a step (``decide_ratio``), and
-  ``plain_scale`` (a whole plain step over the tables' one-token pass).
+  ratios to the plain steps decoded right around them (`data_collection.step_prices`), fitted over shapes: the
+  coefficients of a drafted step's ratio (``tree``, verified by Traversal) and of a lookup chain's (``chain``) in the
+  terms of `decoding.pricing`, what deciding adds to a step (``decide_ratio``), and ``plain_scale`` (a whole plain
+  step over the tables' one-token pass).
 - *verification cost* ``verify_seconds``: ``{method: {"K,L1,L2": seconds}}``, one `VerificationMethod.verify` call
   on that shape's tree with rows of the pair's vocabulary (`data_collection.verify_cost`).
 The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
@@ -42,7 +43,7 @@ from .errors import UserInputError
 from .files import write_json_atomic
 
 FORMAT = "branchpoint-latency"
-FORMAT_VERSION = 2  # 2: measured step ratios (version 1 held a fitted step overhead)
+FORMAT_VERSION = 3  # 3: step ratios fitted over shapes (2: one measured ratio per shape; 1: a fitted overhead)
 _KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
 
 
@@ -118,16 +119,42 @@ def _verify_seconds(values) -> dict[str, dict[Action, float]]:
     return out
 
 
+TREE_TERMS = ("tables", "step", "forward", "node")  # a drafted step's ratio terms (`decoding.pricing.tree_terms`)
+CHAIN_TERMS = ("tables", "step", "node")  # a lookup chain's (`decoding.pricing.chain_terms`)
+
+
+def _coefficients(d, name: str, terms: tuple[str, ...]) -> dict:
+    if d is None:
+        return {t: float(t == "tables") for t in terms}
+    if not isinstance(d, dict) or set(d) != set(terms):
+        raise LatencyProfileError(f"latency profile: step_ratios.{name} must map {list(terms)} to numbers, got {d!r}; "
+                                  "re-run `branchpoint profile`")
+    try:
+        out = {t: float(d[t]) for t in terms}
+    except (TypeError, ValueError):
+        raise LatencyProfileError(f"latency profile: step_ratios.{name} must be numbers, got {d!r}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in out.values()):
+        raise LatencyProfileError(f"latency profile: step_ratios.{name} must be finite and >= 0 (a fit of costs), got "
+                                  f"{out}; re-run `branchpoint profile`")
+    return out
+
+
 @dataclass(frozen=True)
 class StepRatios:
-    """Whole decoded steps as ratios to a plain step (module docstring; `decoding.pricing` prices with them). Empty
-    (`NONE`): the forward tables alone price every step."""
+    """Whole decoded steps as ratios to a plain step (module docstring): the coefficients `decoding.pricing` prices
+    with. Empty (`StepRatios()`): the forward tables alone price every step."""
 
     plain_scale: float = 1.0  # a whole plain step over the tables' one-token target pass at the same contexts
     decide_ratio: float = 0.0  # what computing the target_only features adds to a step, over a plain step
-    context: float = 256.0  # mean context length of the measured steps (where the model ratios are read)
-    actions: dict = field(default_factory=dict)  # Action -> mean step over mean plain step (Traversal)
-    lookup: dict = field(default_factory=dict)  # chain length n -> mean lookup step over mean plain step
+    context: float = 256.0  # mean context length of the measured steps
+    tree: dict = field(default_factory=lambda: _coefficients(None, "tree", TREE_TERMS))  # TREE_TERMS -> coefficient
+    chain: dict = field(default_factory=lambda: _coefficients(None, "chain", CHAIN_TERMS))  # CHAIN_TERMS -> coefficient
+
+    def tree_vector(self) -> np.ndarray:
+        return np.array([self.tree[t] for t in TREE_TERMS])
+
+    def chain_vector(self) -> np.ndarray:
+        return np.array([self.chain[t] for t in CHAIN_TERMS])
 
     @classmethod
     def from_dict(cls, d) -> StepRatios:
@@ -137,23 +164,19 @@ class StepRatios:
             return cls()
         try:
             scalars = {k: float(d[k]) for k in ("plain_scale", "decide_ratio", "context")}
-            lookup = {int(n): float(v) for n, v in (d.get("lookup") or {}).items()}
         except (KeyError, TypeError, ValueError) as e:
             raise LatencyProfileError(f"latency profile: step_ratios needs plain_scale, decide_ratio and context as "
-                                      f"numbers and lookup as {{length: ratio}} ({e!r}); re-run `branchpoint profile`"
-                                      ) from None
-        actions = _by_action(d.get("actions") or {}, "step_ratios.actions")
-        values = [*scalars.values(), *actions.values(), *lookup.values()]
-        if not all(np.isfinite(v) for v in values) or scalars["plain_scale"] <= 0 or any(
-                v <= 0 for v in [*actions.values(), *lookup.values()]):
-            raise LatencyProfileError("latency profile: step_ratios must be finite, with positive ratios and "
-                                      "plain_scale; re-run `branchpoint profile`")
-        return cls(**scalars, actions=actions, lookup=lookup)
+                                      f"numbers ({e!r}); re-run `branchpoint profile`") from None
+        if not all(np.isfinite(v) for v in scalars.values()) or scalars["plain_scale"] <= 0 or scalars[
+                "decide_ratio"] < 0:
+            raise LatencyProfileError("latency profile: step_ratios must be finite, with a positive plain_scale and "
+                                      "decide_ratio >= 0; re-run `branchpoint profile`")
+        return cls(**scalars, tree=_coefficients(d.get("tree"), "tree", TREE_TERMS),
+                   chain=_coefficients(d.get("chain"), "chain", CHAIN_TERMS))
 
     def to_dict(self) -> dict:
         return {"plain_scale": self.plain_scale, "decide_ratio": self.decide_ratio, "context": self.context,
-                "actions": {str(a): v for a, v in self.actions.items()},
-                "lookup": {str(n): v for n, v in sorted(self.lookup.items())}}
+                "tree": dict(self.tree), "chain": dict(self.chain)}
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:

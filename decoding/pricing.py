@@ -11,20 +11,23 @@ Step classes (what a step is priced as):
 - *lookup* ``n``: a chain of n tokens copied from the context (`decoding.lookup`): one target pass, no draft.
 
 The price of a step at context length c (tokens before the root) is a ratio to a plain step at the same
-context, measured on whole decoded steps (`data_collection.step_prices`):
+context, linear in a few terms of its shape, with coefficients fitted on whole decoded steps
+(`data_collection.step_prices`):
 
     plain(c)            = t_p(c, 1) * plain_scale
-    step_seconds(c, a)  = plain(c) * model_ratio(c, a) * correction(a)  [+ verify_offset(method, a)]
-    lookup(c, n)        = plain(c) * t_p(c, 1 + n) / t_p(c, 1) * lookup_correction(n)
+    step_seconds(c, a)  = plain(c) * (tables * model_ratio(c, a) + step + forward * F(a) + node * N(a))
+                          [+ verify_offset(method, a)]
+    lookup(c, n)        = plain(c) * (tables' * t_p(c, 1 + n) / t_p(c, 1) + step' + node' * n)
 
 ``model_ratio(c, a)`` is the forward tables' ratio of the action's forwards (`draft_forwards` and one target pass
-of ``1 + L1 + K * L2`` tokens) to one plain target pass: it carries how a step's cost grows with its context.
-``correction(a)`` is what whole steps measured in the engine's loop say beyond it: the measured ratio of the action's
-steps to the plain steps decoded in the same interleaved rounds, over the model ratio at the rounds' contexts. An
-action the profile did not decode gets the mean correction of the decoded speculative shapes (lookup chains: of the
-decoded lengths). Ratios measured in the same rounds survive the machine's 2-3x speed phases: a phase moves a plain
-and a drafted step alike. ``plain_scale`` brings the tables' one-token pass to a whole plain step (sampling, pruning,
-bookkeeping).
+of ``1 + L1 + K * L2`` tokens) to one plain target pass: it carries what the forwards cost and how that grows with
+the context. ``F(a)`` counts the step's draft forwards and ``N(a) = L1 + K * L2`` its tree nodes: what the loop pays
+around the forwards (sampling each forward's rows, the tree mask, verification per node, cache bookkeeping). The
+coefficients (`StepRatios.tree` / ``chain``) are one least-squares fit over every decoded shape, so one noisy shape
+does not set its own price, and a shape the profile never decoded is priced by the same line. Each decoded step is
+divided by the plain steps decoded right before and after it, so the fit survives the machine's 2-3x speed phases:
+a phase moves a plain and a drafted step alike. ``plain_scale`` brings the tables' one-token pass to a whole plain
+step (sampling, bookkeeping). Without measured ratios the coefficients are (1, 0, 0, 0): the tables alone.
 
 A step the policy decided (``select`` ran) also pays for deciding: ``plain(c) * decide_ratio`` (the features of the
 policy's feature set, measured in the loop like the rest; ``paper`` features add the draft's root step when the step
@@ -103,23 +106,34 @@ def plain_seconds(latency, context_lengths) -> np.ndarray:
     return np.asarray(latency.t_p(ls, 1)).reshape(-1) * latency.step_ratios.plain_scale
 
 
-def corrections(latency, actions: Sequence[Action]) -> np.ndarray:
-    """``[A]`` measured / modelled ratio of each action (module docstring): its own where the profile decoded it, the
-    mean over the decoded speculative shapes elsewhere (1 for the plain step, and without measurements)."""
-    sr = latency.step_ratios
-    actions = list(actions)
-    measured = {a: r for a, r in sr.actions.items() if a.tree_size}
-    out = np.ones(len(actions))
-    if not measured:
-        return out
-    keys = list(measured)
-    own = np.array([measured[a] for a in keys]) / model_ratio(latency, [sr.context], keys)[0]
-    mean = float(np.mean(own))
-    index = {a: i for i, a in enumerate(keys)}
-    for i, a in enumerate(actions):
-        if a.tree_size:
-            out[i] = own[index[a]] if a in index else mean
-    return out
+def tree_terms(latency, context_lengths, actions: ActionSpace | Sequence[Action]) -> np.ndarray:
+    """``[L, A, 4]``: the terms a drafted step's ratio to a plain step is linear in (`StepRatios.TREE_TERMS`): the
+    tables' ratio (`model_ratio`), 1 (the step's fixed work: tree, mask, verification), its draft forwards, its tree
+    nodes ``L1 + K * L2``. All zero for the empty tree (a plain step is 1 by definition)."""
+    k, l1, l2 = action_arrays(actions)
+    idx, _, _ = draft_forwards(actions)
+    forwards = np.bincount(idx, minlength=k.shape[0]).astype(np.float64)
+    mr = model_ratio(latency, context_lengths, actions)
+    tree = (l1 + k * l2 > 0).astype(np.float64)
+    fixed = np.stack([tree, forwards, (l1 + k * l2).astype(np.float64)], axis=-1)  # [A, 3]
+    out = np.concatenate([mr[..., None], np.broadcast_to(fixed, (*mr.shape, 3))], axis=-1)
+    return out * tree[None, :, None]
+
+
+def chain_terms(latency, context_lengths, lengths: Sequence[int]) -> np.ndarray:
+    """``[L, N, 3]``: the terms a lookup chain's ratio to a plain step is linear in (`StepRatios.CHAIN_TERMS`): the
+    tables' ratio of one target pass over ``1 + n`` tokens, 1, and ``n``."""
+    ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
+    n = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    ratio = latency.t_p(ls[:, None], 1 + n[None, :]) / np.asarray(latency.t_p(ls, 1)).reshape(-1, 1)
+    return np.stack([ratio, np.ones_like(ratio), np.broadcast_to(n.astype(np.float64), ratio.shape)], axis=-1)
+
+
+def step_ratio(latency, context_lengths, actions: ActionSpace | Sequence[Action]) -> np.ndarray:
+    """``[L, A]`` each action's step over a plain step at each context (module docstring): 1 for the empty tree."""
+    ratio = tree_terms(latency, context_lengths, actions) @ latency.step_ratios.tree_vector()
+    k, l1, l2 = action_arrays(actions)
+    return np.where((l1 + k * l2 > 0)[None, :], ratio, 1.0)
 
 
 def verify_offset(latency, method: str | None, actions: Sequence[Action]) -> np.ndarray:
@@ -159,7 +173,7 @@ def step_seconds(latency, context_lengths, actions: ActionSpace | Sequence[Actio
     uniq, inverse = np.unique(ctx, return_inverse=True)
     if not uniq.size:
         return np.zeros((0, len(actions) * (len(methods) if methods else 1)))
-    base = plain_seconds(latency, uniq)[:, None] * model_ratio(latency, uniq, actions) * corrections(latency, actions)
+    base = plain_seconds(latency, uniq)[:, None] * step_ratio(latency, uniq, actions)
     base += decide_seconds(latency, uniq, actions, features, inference_seconds)
     if methods:
         base = np.concatenate([base + verify_offset(latency, m, actions)[None, :] for m in methods], axis=1)
@@ -168,19 +182,8 @@ def step_seconds(latency, context_lengths, actions: ActionSpace | Sequence[Actio
 
 def lookup_seconds(latency, context_lengths, lengths: Sequence[int]) -> np.ndarray:
     """``[L, N]`` seconds of one lookup chain step of each of ``lengths`` tokens at each context length."""
-    ls = np.asarray(context_lengths, dtype=np.float64).reshape(-1)
-    n = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    sr = latency.step_ratios
-    ratio = latency.t_p(ls[:, None], 1 + n[None, :]) / np.asarray(latency.t_p(ls, 1)).reshape(-1, 1)
-    measured = {int(k): v for k, v in sr.lookup.items()}
-    corr = np.ones(n.size)
-    if measured:
-        keys = sorted(measured)
-        own = np.array([measured[k] for k in keys]) / (latency.t_p(sr.context, 1 + np.array(keys))
-                                                       / latency.t_p(sr.context, 1))
-        mean = float(np.mean(own))
-        corr = np.array([own[keys.index(int(m))] if int(m) in measured else mean for m in n])
-    return plain_seconds(latency, ls)[:, None] * ratio * corr[None, :]
+    ratio = chain_terms(latency, context_lengths, lengths) @ latency.step_ratios.chain_vector()
+    return plain_seconds(latency, context_lengths)[:, None] * ratio
 
 
 def decide(predicted: np.ndarray, seconds: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:

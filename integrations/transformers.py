@@ -169,6 +169,12 @@ class SelectorCandidateGenerator(CandidateGenerator):
         self.steps = {"plain": 0, "draft": 0, "lookup": 0}
         self.drafted = 0
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens one step proposes (transformers >= 5.25 sizes the states a cache records with it)."""
+        lengths = [a.tree_size for a in getattr(self.selector, "actions", ())]  # a runtime; a test double has none
+        return max([*lengths, self.lookup or 0, 1])
+
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, n_last_matches: int = 0,
                        **_: object) -> tuple[torch.LongTensor, torch.Tensor | None]:
         budget = self.max_length - input_ids.shape[1] - 1  # transformers' own cap: the bonus token must fit

@@ -121,9 +121,13 @@ def run(cfg, args) -> int:
     print(f"at context {c}: draft step (ms) " + ", ".join(
         f"rows={r} {model.t_q(c, r) * 1e3:.1f}" for r in p.draft_rows))
     sr = model.step_ratios
+    by_class = model.meta.get("step_ratios_by_class", {})
+    shown = [k for k in ("traversal:2,0,1", "traversal:3,0,1", "traversal:1,2,0", "traversal:2,2,3", "lookup:4")
+             if k in by_class]
     print(f"whole steps over a plain step ({sr.plain_scale:.2f}x the tables' one-token pass; deciding adds "
-          f"{sr.decide_ratio:.3f}): " + ", ".join(f"{a} {r:.2f}" for a, r in list(sr.actions.items())[:8])
-          + ("; lookup " + ", ".join(f"{n} {r:.2f}" for n, r in sorted(sr.lookup.items())) if sr.lookup else ""))
+          f"{sr.decide_ratio:.3f}); fitted tree {_terms(sr.tree)}, lookup chain {_terms(sr.chain)}"
+          + ("; measured / fitted " + ", ".join(f"{k.split(':')[1]} {by_class[k]['ratio']:.2f} / "
+                                                f"{by_class[k]['fitted_ratio']:.2f}" for k in shown) if shown else ""))
     if model.verify_seconds:
         shown = [a for a in ("2,0,1", "3,0,1", "1,1,0", "2,1,2") if a in model.verify_seconds.get("traversal", {})]
         print("verification (ms): " + "; ".join(
@@ -132,3 +136,7 @@ def run(cfg, args) -> int:
     print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
           f"in {time.perf_counter() - start:.0f} s")
     return 0
+
+
+def _terms(coefficients: dict) -> str:
+    return " + ".join(f"{v:.3f} {k}" for k, v in coefficients.items())

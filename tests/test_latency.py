@@ -83,20 +83,25 @@ def test_counts_outside_the_profiled_range_are_an_error():
 
 
 def test_step_ratios_round_trip_and_malformed_ones_are_clear_errors():
-    ratios = StepRatios(1.2, 0.04, 200.0, {Action(2, 0, 1): 1.3, Action(1, 3, 0): 1.5}, {2: 1.1, 4: 1.2})
+    ratios = StepRatios(1.2, 0.04, 200.0, {"tables": 0.9, "step": 0.2, "forward": 0.05, "node": 0.01},
+                        {"tables": 1.0, "step": 0.1, "node": 0.0})
     m = toy(step_ratios=ratios)
     back = LatencyModel.from_dict(json.loads(json.dumps(m.to_dict())))
     assert back.step_ratios == ratios
     assert toy().step_ratios == StepRatios()  # none measured: the tables alone
+    assert StepRatios().tree_vector().tolist() == [1, 0, 0, 0] and StepRatios().chain_vector().tolist() == [1, 0, 0]
+    base = {"plain_scale": 1.0, "decide_ratio": 0.0, "context": 100}
     for bad, fragment in (({"plain_scale": 1.0}, "needs plain_scale, decide_ratio and context"),
-                          ({"plain_scale": 0.0, "decide_ratio": 0.0, "context": 100}, "positive"),
-                          ({"plain_scale": 1.0, "decide_ratio": 0.0, "context": 100, "actions": {"2,0": 1.2}},
-                           "not an action"),
-                          ({"plain_scale": 1.0, "decide_ratio": 0.0, "context": 100, "lookup": {"2": -1.0}},
-                           "positive"),
+                          ({**base, "plain_scale": 0.0}, "positive"),
+                          ({**base, "tree": {"tables": 1.0, "step": 0.1}}, "must map"),
+                          ({**base, "chain": {"tables": 1.0, "step": -0.1, "node": 0.0}}, ">= 0"),
+                          ({**base, "tree": {"tables": "x", "step": 0, "forward": 0, "node": 0}}, "numbers"),
                           ([1.0], "must be a mapping")):
         with pytest.raises(LatencyProfileError, match=fragment):
             toy(step_ratios=bad)
+    old = {**m.to_dict(), "format_version": 2}  # a profile of the previous format: re-run profile
+    with pytest.raises(LatencyProfileError, match="re-run `branchpoint profile`"):
+        LatencyModel.from_dict(old)
 
 
 def test_verify_seconds_are_checked_and_kept():

@@ -37,25 +37,30 @@ def test_draft_forwards_list_each_forward_with_its_offset_and_rows():
     assert list(zip(rel.tolist(), rows.tolist(), strict=True)) == [(0, 1), (1, 1), (2, 3), (5, 3)]
 
 
-def test_measured_ratios_price_whole_steps_as_multiples_of_a_plain_step():
-    """A decoded action at the measured context costs its measured ratio of a plain step; an action the profile did
-    not decode gets the mean correction of those it did; the plain step is the tables' pass times plain_scale; the
-    context dependence comes from the tables."""
-    measured = {Action(1, 3, 0): 1.9, Action(2, 0, 2): 1.5}
-    m = toy(step_ratios=StepRatios(plain_scale=1.25, decide_ratio=0.0, context=200.0, actions=measured))
-    plain = tp(200, 1) * 1.25
-    got = pricing.step_seconds(m, [200], ACTIONS)[0]
-    assert got[0] == pytest.approx(plain) and got[1] == pytest.approx(plain)
-    assert got[2] == pytest.approx(1.9 * plain) and got[3] == pytest.approx(1.5 * plain)
-    own = [1.9 / (_tables_sum(200)[2] / tp(200, 1)), 1.5 / (_tables_sum(200)[3] / tp(200, 1))]
-    for i in (4, 5):  # not decoded: the tables' ratio times the mean correction
-        assert got[i] == pytest.approx(plain * _tables_sum(200)[i] / tp(200, 1) * np.mean(own))
-    at400 = pricing.step_seconds(m, [400], ACTIONS)[0]  # another context: the tables carry the change
-    assert at400[2] == pytest.approx(tp(400, 1) * 1.25 * _tables_sum(400)[2] / tp(400, 1) * own[0])
+def _forwards_and_nodes():  # F(a) and N(a) of ACTIONS, by hand
+    return np.array([0, 0, 3, 2, 3, 5]), np.array([0, 0, 3, 4, 5, 8])
+
+
+def test_fitted_ratios_price_a_step_as_a_line_in_its_terms_times_a_plain_step():
+    """tables * model ratio + step + forward * F + node * N, times the plain step (tables' pass x plain_scale); the
+    plain step stays 1x whatever the coefficients; the context dependence comes from the tables."""
+    coef = {"tables": 0.9, "step": 0.2, "forward": 0.05, "node": 0.01}
+    m = toy(step_ratios=StepRatios(plain_scale=1.25, decide_ratio=0.0, context=200.0, tree=coef))
+    forwards, nodes = _forwards_and_nodes()
+    for c in (200, 400):
+        plain = tp(c, 1) * 1.25
+        got = pricing.step_seconds(m, [c], ACTIONS)[0]
+        want = plain * (0.9 * _tables_sum(c) / tp(c, 1) + 0.2 + 0.05 * forwards + 0.01 * nodes)
+        want[:2] = plain
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    terms = pricing.tree_terms(m, [200], ACTIONS)[0]
+    np.testing.assert_array_equal(terms[:2], 0.0)
+    np.testing.assert_array_equal(terms[2:, 2], forwards[2:])
+    np.testing.assert_array_equal(terms[2:, 3], nodes[2:])
 
 
 def test_deciding_costs_a_share_of_a_plain_step_plus_inference_and_paper_adds_the_root_draft_step():
-    m = toy(step_ratios=StepRatios(1.0, 0.05, 200.0, {}, {}))
+    m = toy(step_ratios=StepRatios(1.0, 0.05, 200.0))
     base = pricing.step_seconds(m, [150], ACTIONS)[0]
     target_only = pricing.step_seconds(m, [150], ACTIONS, None, "target_only", inference_seconds=1e-4)[0]
     np.testing.assert_allclose(target_only - base, 0.05 * tp(150, 1) + 1e-4, rtol=1e-12)
@@ -85,13 +90,12 @@ def test_per_root_lengths_are_priced_once_per_distinct_length_in_their_order():
     assert pricing.step_seconds(m, np.zeros(0, dtype=int), space).shape == (0, len(space))
 
 
-def test_lookup_chains_are_one_target_pass_scaled_by_their_measured_ratios():
-    m = toy(step_ratios=StepRatios(1.0, 0.0, 100.0, {}, {1: 1.3}))  # a chain of n tokens: a pass of 1 + n
+def test_lookup_chains_are_one_target_pass_of_1_plus_n_tokens_in_the_fitted_line():
+    m = toy(step_ratios=StepRatios(1.0, 0.0, 100.0, chain={"tables": 1.1, "step": 0.05, "node": 0.02}))
     got = pricing.lookup_seconds(m, [100], [1, 3])[0]
-    assert got[0] == pytest.approx(1.3 * tp(100, 1))
-    corr = 1.3 / (tp(100, 2) / tp(100, 1))
-    assert got[1] == pytest.approx(tp(100, 4) * corr)  # not measured: the mean correction of the measured lengths
-    assert pricing.lookup_seconds(toy(), [100], [3])[0, 0] == pytest.approx(tp(100, 4))
+    assert got[0] == pytest.approx(tp(100, 1) * (1.1 * tp(100, 2) / tp(100, 1) + 0.05 + 0.02))
+    assert got[1] == pytest.approx(tp(100, 1) * (1.1 * tp(100, 4) / tp(100, 1) + 0.05 + 0.06))
+    assert pricing.lookup_seconds(toy(), [100], [3])[0, 0] == pytest.approx(tp(100, 4))  # the tables alone
 
 
 def test_decide_is_argmax_of_predicted_over_seconds_over_valid_outputs():
@@ -103,7 +107,7 @@ def test_decide_is_argmax_of_predicted_over_seconds_over_valid_outputs():
 
 
 def test_a_decoded_step_is_priced_by_its_class():
-    m = toy(step_ratios=StepRatios(1.0, 0.1, 100.0, {}, {3: 1.2}), verify_seconds={
+    m = toy(step_ratios=StepRatios(1.0, 0.1, 100.0, chain={"tables": 1.0, "step": 0.2, "node": 0.0}), verify_seconds={
         "traversal": {"1,3,0": 1e-4}, "naive": {"1,3,0": 2e-4}})
     timing = StepTiming(0.05, 0.01, 0.03)
 
@@ -119,7 +123,7 @@ def test_a_decoded_step_is_priced_by_its_class():
     assert pricing.price_step(m, step(Action(1, 0, 0), selected=True), "target_only", 1e-4) == pytest.approx(
         plain * 1.1 + 1e-4)
     assert pricing.price_step(m, step(chain, "naive", lookup=True, selected=True), "target_only") == pytest.approx(
-        1.2 * plain)  # a lookup chain: no deciding
+        tp(100, 4) + 0.2 * plain)  # a lookup chain of 3: a pass of 4 tokens plus the fitted step; no deciding
     drafted = pricing.step_seconds(m, [100], [chain], ["naive"])[0, 0]
     assert pricing.price_step(m, step(chain, "naive")) == pytest.approx(drafted)
     assert drafted == pytest.approx(_tables_sum(100)[2] + 1e-4)  # naive's verify offset beyond Traversal's

@@ -1,5 +1,6 @@
 """Profiling (data_collection/profile.py, stage profile) on tiny random models."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,7 +15,7 @@ from decoding.actions import Action, ActionSpace
 from decoding.engine.cache import KVState
 from decoding.engine.drafting import draft_tree
 from decoding.engine.tree_pass import prefill
-from decoding.latency import LatencyModel
+from decoding.latency import LatencyModel, StepRatios
 from decoding.pricing import draft_forwards
 from decoding.sampling import Sampling
 
@@ -50,31 +51,58 @@ def test_step_ratios_decode_every_class_in_rounds_and_price_them_against_plain_s
                                            [1, 2], schema, new_tokens=4, rounds=2)
     assert set(by_class) == {"plain", DECIDE, "traversal:2,0,1", "traversal:1,2,0", "lookup:1", "lookup:2"}
     assert by_class["plain"]["ratio"] == pytest.approx(1.0)  # each round's plain steps over their own mean
-    assert set(ratios.actions) == {Action(2, 0, 1), Action(1, 2, 0)} and set(ratios.lookup) == {1, 2}
     for row in by_class.values():
         assert row["steps"] >= 2 and row["ratio"] > 0 and row["round_min"] <= row["ratio"] <= row["round_max"]
+    for key in ("traversal:2,0,1", "traversal:1,2,0", "lookup:1", "lookup:2"):
+        assert by_class[key]["fitted_ratio"] > 0
+    assert all(v >= 0 for v in [*ratios.tree.values(), *ratios.chain.values()])
+    assert ratios.tree != StepRatios().tree and ratios.chain != StepRatios().chain  # fitted, not the defaults
     assert ratios.plain_scale > 0 and ratios.decide_ratio >= 0 and 9 <= ratios.context <= 30
 
 
-def test_step_ratios_cancel_a_round_that_ran_slower():
-    """A round decoded while the machine ran 1.5x slower (every step alike) gives the same ratios as one at the
-    tables' speed: each step is divided by the plain steps of its own round."""
-    from data_collection.step_prices import TimedStep, fit_step_ratios
+def _timed(latency, truth: dict, speed) -> list:
+    """Timed steps of a profile run: each class decode between two plain decodes; ``speed(round, slot)`` is how much
+    slower the machine runs at that point (a phase)."""
+    from data_collection.step_prices import TimedStep
 
-    m = LatencyModel(contexts=[4, 64], draft_rows=[1, 2], draft_seconds=np.full((2, 2), 4e-3),
-                     target_tokens=[1, 2, 3], target_seconds=np.array([[20e-3, 24e-3, 27e-3], [30e-3, 34e-3, 37e-3]]),
+    steps, classes = [], [k for k in truth if k != "plain"]
+    for rnd in range(2):
+        plan = ["plain"] + [k for key in classes for k in (key, "plain")]
+        for slot, key in enumerate(plan):
+            steps += [TimedStep(rnd, key, ctx, speed(rnd, slot) * float(latency.t_p(ctx, 1)) * truth[key], slot)
+                      for ctx in (10, 30, 50)]
+    return steps
+
+
+def test_step_ratios_cancel_phases_and_fit_the_line_the_steps_follow():
+    """Steps whose true ratios follow pricing's line give back its coefficients, also when one round runs 1.5x slower
+    and the machine drifts within a round: each step is divided by the plain decodes right around it."""
+    from data_collection.step_prices import fit_step_ratios
+
+    m = LatencyModel(contexts=[4, 64], draft_rows=[1, 2, 3], draft_seconds=np.full((2, 3), 4e-3),
+                     target_tokens=[1, 2, 3, 4, 5, 6, 7],
+                     target_seconds=np.array([[20, 24, 27, 29, 31, 33, 35], [30, 34, 37, 40, 42, 44, 46]]) * 1e-3,
                      feature_seconds=1e-5)
-    truth = {"plain": 1.0, "traversal:2,0,1": 1.4, "lookup:2": 1.1}
-    steps = [TimedStep(rnd, key, ctx, slow * 0.03 * ratio) for rnd, slow in enumerate((1.0, 1.5))
-             for key, ratio in truth.items() for ctx in (10, 30, 50)]
-    ratios, by_class = fit_step_ratios(steps, m)
-    assert ratios.actions == {Action(2, 0, 1): pytest.approx(1.4)} and ratios.lookup == {2: pytest.approx(1.1)}
-    assert by_class["traversal:2,0,1"]["round_min"] == pytest.approx(by_class["traversal:2,0,1"]["round_max"])
+    tree = {"tables": 0.8, "step": 0.15, "forward": 0.04, "node": 0.02}
+    chain = {"tables": 1.05, "step": 0.1, "node": 0.01}
+    shapes = [Action(2, 0, 1), Action(3, 0, 1), Action(1, 2, 0), Action(1, 3, 0), Action(2, 1, 2), Action(3, 1, 1),
+              Action(1, 1, 1)]
+    priced = dataclasses.replace(m, step_ratios=StepRatios(tree=tree, chain=chain))
+    truth = {"plain": 1.0, **{f"traversal:{a}": float(pricing.step_ratio(priced, [30], [a])[0, 0]) for a in shapes},
+             **{f"lookup:{n}": float(pricing.lookup_seconds(priced, [30], [n])[0, 0] / priced.t_p(30, 1))
+                for n in (1, 2, 4)}}
+    ratios, by_class = fit_step_ratios(_timed(m, truth, lambda rnd, slot: (1.0, 1.5)[rnd] * (1 + 0.01 * slot)), m)
+    for k, v in tree.items():
+        assert ratios.tree[k] == pytest.approx(v, abs=0.02), k
+    for k, v in chain.items():
+        assert ratios.chain[k] == pytest.approx(v, abs=0.02), k
+    for key, want in truth.items():
+        assert by_class[key]["ratio"] == pytest.approx(want, rel=0.01), key
+        if key != "plain":
+            assert by_class[key]["fitted_ratio"] == pytest.approx(want, rel=0.01), key
     assert ratios.decide_ratio == 0.0  # not measured: deciding adds nothing
-    # without the per-round normalisation the slow round would read as a 1.25x dearer machine for every class;
-    # here plain_scale (a whole plain step over the tables' pass) carries the mean speed of both rounds
-    assert ratios.plain_scale == pytest.approx(np.mean([0.03 * s / float(m.t_p(c, 1)) for s in (1.0, 1.5)
-                                                        for c in (10, 30, 50)]))
+    # normalised by the round's mean plain step instead, the drift would have moved a class by its slot's distance
+    # from the middle of the round; by each round's plain steps alone, the slow round would read 1.25x for all
 
 
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
@@ -148,7 +176,7 @@ def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, ca
     space = list(ActionSpace([1, 2], [0, 1], [0, 1]))
     assert set(by_class) == {"plain", "decide", "lookup:1", "lookup:2",
                              *(f"traversal:{a}" for a in space if a.tree_size)}
-    assert set(m.step_ratios.actions) == {a for a in space if a.tree_size} and set(m.step_ratios.lookup) == {1, 2}
+    assert all("fitted_ratio" in by_class[k] for k in by_class if k not in ("plain", "decide"))
     # every method's verify call on every tree of the action grid it supports (chain-only methods: chains)
     trees = {str(a) for a in space if a.tree_size}
     assert set(m.verify_seconds["traversal"]) == set(m.verify_seconds["gbv"]) == trees
