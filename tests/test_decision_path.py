@@ -1,0 +1,91 @@
+"""How many of our modules one decision opens: the default policy (the exported selector behind prompt lookup's
+rule) followed from `SpeculativeDecoder.step` until the step's `Choice` is made, traced with ``sys.setprofile``.
+
+docs/architecture.md lists these modules ("One decoding step"); this test keeps that list true and short. Six in
+the steady state of a selector step (the decoder; the lookup rule; the runtime; the features; the latency profile's
+memo of root step times and prices; the `Choice`'s own validation in `decoding/policy.py`), four for a lookup step;
+the first step of a block of context lengths also prices it (`decoding/pricing.py`).
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+from engine_helpers import VOCAB, untied_pair
+from selector_helpers import random_inputs, random_selector, toy_latency
+
+from decoding import pricing
+from decoding.engine import SpeculativeDecoder
+from decoding.lookup import LookupFirst
+from decoding.sampling import Sampling
+
+ROOT = Path(__file__).resolve().parents[1]
+DECISION_MODULES = {"decoding/engine/decoder.py", "decoding/lookup.py", "export/runtime.py", "decoding/features.py",
+                    "decoding/latency.py", "decoding/policy.py"}
+LOOKUP_STEP = {"decoding/engine/decoder.py", "decoding/lookup.py", "decoding/policy.py", "decoding/actions.py"}
+
+
+def _ours(filename: str) -> str | None:
+    path = Path(filename)
+    if not path.is_absolute() or ".venv" in path.parts or "site-packages" in path.parts:
+        return None
+    try:
+        rel = path.resolve().relative_to(ROOT)
+    except ValueError:
+        return None
+    return None if rel.parts[0] == "tests" else str(rel)
+
+
+@pytest.fixture(scope="module")
+def selector(tmp_path_factory):
+    from export.onnx_export import export_selector
+    from export.runtime import SelectorRuntime
+    from selector_helpers import SPACE
+
+    target, _ = untied_pair()
+    hidden = target.config.hidden_size
+    net, meta, schema = random_selector("target_only", hidden=(hidden, hidden))
+    inputs = random_inputs(schema, 32, seed=1)
+    ctx = inputs["scalars"][:, schema.scalars.index("context_length")].astype(int)
+    seconds = pricing.step_seconds(toy_latency(), ctx, list(SPACE), ["traversal"], "target_only").astype("float32")
+    folder = tmp_path_factory.mktemp("sel") / "selector"
+    export_selector(net, meta, folder, inputs, seconds)
+    return SelectorRuntime(folder, latency=toy_latency())
+
+
+def test_a_selector_decision_opens_six_of_our_modules_a_lookup_step_four(selector):
+    target, draft = untied_pair()
+    policy = LookupFirst(selector, length=4)
+    decoder = SpeculativeDecoder(target, draft, VOCAB)
+    seen: list[set] = []
+    original = policy.select
+
+    def traced_select(features):  # the decision: from the decoder's call into the policy until its Choice
+        calls: set = set()
+
+        def hook(frame, event, arg):
+            if event in ("call", "c_call"):
+                mod = _ours(frame.f_code.co_filename)
+                if mod:
+                    calls.add(mod)
+
+        sys.setprofile(hook)
+        try:
+            return original(features)
+        finally:
+            sys.setprofile(None)
+            seen.append(calls | {"decoding/engine/decoder.py"})  # and the caller
+
+    policy.select = traced_select
+    # a context without repeats first (the selector decides), then decode on
+    decoder.generate(list(range(3, 40)), 24, "traversal", policy, Sampling(1.0, 1.0), seed=0)
+    assert len(seen) >= 4
+    first, rest = seen[0], seen[1:]
+    assert first == DECISION_MODULES | {"decoding/pricing.py"}, sorted(first)  # the first block of prices
+    selector_steps = [s for s in rest if "export/runtime.py" in s]
+    lookup_steps = [s for s in rest if "export/runtime.py" not in s]
+    assert selector_steps and lookup_steps
+    for touched in selector_steps:
+        assert touched == DECISION_MODULES, sorted(touched ^ DECISION_MODULES)
+    for touched in lookup_steps:
+        assert touched == LOOKUP_STEP, sorted(touched ^ LOOKUP_STEP)
