@@ -7,9 +7,10 @@ after ``dvc repro``).
 2. ``dvc push``: the cached outputs (the selector among them) go to that remote;
 3. ``dvc exp save -f -n NAME``: the workspace's run is kept as experiment NAME (default ``main``), so a later
    ``dvc exp run`` is compared with a run from the same machine (``dvc exp show``, ``dvc exp diff main``);
-4. an annotated tag ``selector@vX.Y.Z`` on that experiment's commit registers a new version of the ``selector``
-   artifact of dvc.yaml, which ``dvc artifacts get <repo> selector`` downloads (no DVC Studio needed: without a
-   Studio token, DVC resolves the artifact's newest version tag and reads the data from the remote).
+4. an annotated tag ``<artifact>@vX.Y.Z`` on that experiment's commit registers a new version of every artifact of
+   dvc.yaml (``selector``, and ``selector_chain`` for transformers), which ``dvc artifacts get <repo> selector``
+   downloads (no DVC Studio needed: without a Studio token, DVC resolves the artifact's newest version tag and reads
+   the data from the remote).
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from pathlib import Path
 SECTIONS = ()  # publish reads no params: it pushes what dvc repro made
 
 
-ARTIFACT = "selector"
+ARTIFACT = "selector"  # the tree selector: what ``make main`` decodes with
+
+
+def artifacts(cwd: str | Path = ".") -> list[str]:
+    """The artifacts dvc.yaml declares (``artifacts:``), in its order; ``[ARTIFACT]`` when it declares none."""
+    import yaml
+
+    path = Path(cwd) / "dvc.yaml"
+    declared = (yaml.safe_load(path.read_text()) or {}).get("artifacts") if path.is_file() else None
+    return list(declared or [ARTIFACT])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,16 +85,19 @@ def publish(remote: str = ".dvc-storage", name: str = "main", tag: bool = True, 
     sha = refs[0] if refs else _run("git", "rev-parse", "HEAD", cwd=cwd)
     out = {"remote": remote_name, "experiment": name, "commit": sha}
     if tag:
-        version = next_version(_run("git", "tag", "--list", f"{ARTIFACT}@v*", cwd=cwd).split())
-        _run("git", "tag", "-a", version, sha, "-m", f"Registering artifact {ARTIFACT} version "
-             f"{version.split('@')[1]} (experiment {name})", cwd=cwd)
-        out["version"] = version
+        out["versions"] = {}
+        for artifact in artifacts(cwd):
+            version = next_version(_run("git", "tag", "--list", f"{artifact}@v*", cwd=cwd).split(), artifact)
+            _run("git", "tag", "-a", version, sha, "-m", f"Registering artifact {artifact} version "
+                 f"{version.split('@')[1]} (experiment {name})", cwd=cwd)
+            out["versions"][artifact] = version
     return out
 
 
 def run(cfg, args) -> int:
     done = publish(args.remote, args.name, not args.no_tag)
     print(f"publish: pushed to DVC remote {done['remote']!r}; run saved as experiment {done['experiment']!r} "
-          f"({done['commit'][:8]})" + (f"; registered {done['version']} (dvc artifacts get <repo> {ARTIFACT})"
-                                       if "version" in done else ""))
+          f"({done['commit'][:8]})" + ("; registered " + ", ".join(
+              f"{v} (dvc artifacts get <repo> {a})" for a, v in done["versions"].items()) if done.get("versions")
+                                       else ""))
     return 0

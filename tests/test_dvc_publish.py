@@ -49,13 +49,17 @@ def test_published_selector_comes_back_with_dvc_artifacts_get(tmp_path, env_path
     _git("config", "user.name", "t", cwd=repo)
     subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
     (repo / "dvc.yaml").write_text(
-        f"stages:\n  export:\n    cmd: mkdir -p artifacts && cp -r {tmp_path / 'exported'} artifacts/selector\n"
-        "    outs:\n      - artifacts/selector\nartifacts:\n  selector:\n    path: artifacts/selector\n    type: model\n")
+        f"stages:\n  export:\n    cmd: mkdir -p artifacts && cp -r {tmp_path / 'exported'} artifacts/selector && cp -r "
+        f"{tmp_path / 'exported'} artifacts/selector_chain\n"
+        "    outs:\n      - artifacts/selector\n      - artifacts/selector_chain\nartifacts:\n  selector:\n"
+        "    path: artifacts/selector\n    type: model\n  selector_chain:\n    path: artifacts/selector_chain\n"
+        "    type: model\n")
     _git("add", "-A", cwd=repo)
     _git("commit", "-qm", "pipeline", cwd=repo)
     subprocess.run(["dvc", "repro", "-q"], cwd=repo, check=True)
     done = publish(str(tmp_path / "remote"), "main", cwd=repo)
-    assert done["version"] == "selector@v0.0.1" and any((tmp_path / "remote").rglob("*"))
+    assert done["versions"] == {"selector": "selector@v0.0.1", "selector_chain": "selector_chain@v0.0.1"}
+    assert any((tmp_path / "remote").rglob("*"))
     shutil.rmtree(repo / ".dvc" / "cache")  # the data must come from the remote, not the repo's cache
     got = tmp_path / "elsewhere" / "selector"
     got.parent.mkdir()
@@ -64,4 +68,9 @@ def test_published_selector_comes_back_with_dvc_artifacts_get(tmp_path, env_path
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(p.name for p in got.iterdir()) == ["selector.json", "selector.onnx"]
     assert SelectorRuntime(got).sidecar["onnx_sha256"] == SelectorRuntime(tmp_path / "exported").sidecar["onnx_sha256"]
-    assert publish(str(tmp_path / "remote"), "main", cwd=repo)["version"] == "selector@v0.0.2"  # a rerun: next one
+    chain = tmp_path / "elsewhere" / "chain"
+    result = subprocess.run(["dvc", "artifacts", "get", str(repo), "selector_chain", "-o", str(chain)],
+                            cwd=got.parent, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and (chain / "selector.onnx").is_file(), result.stderr[-2000:]
+    again = publish(str(tmp_path / "remote"), "main", cwd=repo)["versions"]  # a rerun: the next version of each
+    assert again == {"selector": "selector@v0.0.2", "selector_chain": "selector_chain@v0.0.2"}
