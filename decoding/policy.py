@@ -41,22 +41,13 @@ LOOKUP_TAG = "lookup"  # the suffix of a proposed chain's action in the decode s
 class Choice:
     """An action and, optionally, the verification method of this step (None: the decoder's), a ``proposal`` (the
     tokens of a chain ``(1, n, 0)`` proposed without the draft) or ``stop_below`` (draft the chain ``action`` but stop
-    where the draft's top-1 probability is below it). A proposal and a stop rule exclude each other."""
+    where the draft's top-1 probability is below it). A proposal and a stop rule exclude each other; a value object
+    without behaviour: the decoder checks the one a policy returns (`decoding.engine.decoder._as_choice`)."""
 
     action: Action
     method: str | None = None
     proposal: tuple[int, ...] | None = None
     stop_below: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.proposal is not None:
-            if self.stop_below is not None:
-                raise ValueError("a Choice proposes a chain or drafts one with a stop rule, not both")
-            if self.action != Action(1, len(self.proposal), 0):
-                raise ValueError(f"a proposal of {len(self.proposal)} tokens is the chain 1,{len(self.proposal)},0, "
-                                 f"not {self.action}")
-        if self.stop_below is not None and not self.action.is_chain:
-            raise ValueError(f"stop_below drafts a chain (K = 1, L2 = 0), not {self.action}")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """How many of our modules one decision opens: the default policy (the exported selector behind prompt lookup's
 rule) followed from `SpeculativeDecoder.step` until the step's `Choice` is made, traced with ``sys.setprofile``.
 
-docs/architecture.md lists these modules ("One decoding step"); this test keeps that list true and short. Six in
-the steady state of a selector step (the decoder; the lookup rule; the runtime; the features; the latency profile's
-memo of root step times and prices; the `Choice`'s own validation in `decoding/policy.py`), four for a lookup step;
-the first step of a block of context lengths also prices it (`decoding/pricing.py`).
+docs/architecture.md lists these modules ("One decoding step"); this test keeps that list true and short. Five in
+the steady state of a selector step (the decoder, which also checks the `Choice` it gets; the lookup rule; the
+runtime; the features; the latency profile's memo of root step times and prices), three for a lookup step; the
+first step of a block of context lengths also prices it (`decoding/pricing.py`).
 """
 
 import sys
@@ -21,8 +21,8 @@ from decoding.sampling import Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 DECISION_MODULES = {"decoding/engine/decoder.py", "decoding/lookup.py", "export/runtime.py", "decoding/features.py",
-                    "decoding/latency.py", "decoding/policy.py"}
-LOOKUP_STEP = {"decoding/engine/decoder.py", "decoding/lookup.py", "decoding/policy.py", "decoding/actions.py"}
+                    "decoding/latency.py"}
+LOOKUP_STEP = {"decoding/engine/decoder.py", "decoding/lookup.py", "decoding/actions.py"}
 
 
 def _ours(filename: str) -> str | None:
@@ -38,9 +38,10 @@ def _ours(filename: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def selector(tmp_path_factory):
+    from selector_helpers import SPACE
+
     from export.onnx_export import export_selector
     from export.runtime import SelectorRuntime
-    from selector_helpers import SPACE
 
     target, _ = untied_pair()
     hidden = target.config.hidden_size
@@ -53,7 +54,7 @@ def selector(tmp_path_factory):
     return SelectorRuntime(folder, latency=toy_latency())
 
 
-def test_a_selector_decision_opens_six_of_our_modules_a_lookup_step_four(selector):
+def test_a_selector_decision_opens_five_of_our_modules_a_lookup_step_three(selector):
     target, draft = untied_pair()
     policy = LookupFirst(selector, length=4)
     decoder = SpeculativeDecoder(target, draft, VOCAB)

@@ -169,6 +169,33 @@ def test_sampling_transform_torch_matches_numpy(sampling):
             assert base[row == 0].max(initial=0) <= kept[0] + 1e-12
 
 
+class Returns(Policy):
+    """Returns one fixed answer at every step."""
+
+    needs_draft = False
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def select(self, features):
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, match", [
+    ("Choice(Action(1, 2, 0), proposal=(4, 5, 6))", "proposal of 3 tokens is the chain 1,3,0, not 1,2,0"),
+    ("Choice(Action(1, 2, 0), proposal=(4, 5), stop_below=0.5)", "not both"),
+    ("Choice(Action(2, 1, 1), stop_below=0.5)", "stop_below drafts a chain"),
+    ("(1, 2, 0)", "not an Action or a Choice"),
+])
+def test_the_decoder_rejects_an_inconsistent_choice_naming_the_policy(pair, answer, match):
+    from decoding.policy import Choice  # noqa: F401 (the answers' names)
+
+    target, draft = pair
+    with pytest.raises((ValueError, TypeError), match=match) as err:
+        generate(target, draft, [1, 2, 3], 5, method="traversal", policy=Returns(eval(answer)))
+    assert "Returns" in str(err.value)
+
+
 class MethodSwitcher(Policy):
     """Picks the verification method per step too (what a ``method: auto`` selector does)."""
 

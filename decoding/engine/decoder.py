@@ -259,11 +259,21 @@ class SpeculativeDecoder:
 
 
 def _as_choice(policy: Policy, choice) -> Choice:
-    """A policy's answer (an `Action` or a `Choice`) as a `Choice`."""
+    """A policy's answer (an `Action` or a `Choice`) as a `Choice`, checked: a proposal is the chain of its length
+    and excludes a stop rule; a stop rule drafts a chain."""
     if isinstance(choice, Action):
         return Choice(choice)
+    name = type(policy).__name__
     if not isinstance(choice, Choice):
-        raise TypeError(f"policy {type(policy).__name__}.select returned {choice!r}, not an Action or a Choice")
+        raise TypeError(f"policy {name}.select returned {choice!r}, not an Action or a Choice")
+    if choice.proposal is not None:
+        if choice.stop_below is not None:
+            raise ValueError(f"policy {name}: a Choice proposes a chain or drafts one with a stop rule, not both")
+        if choice.action != Action(1, len(choice.proposal), 0):
+            raise ValueError(f"policy {name}: a proposal of {len(choice.proposal)} tokens is the chain "
+                             f"1,{len(choice.proposal)},0, not {choice.action}")
+    if choice.stop_below is not None and not choice.action.is_chain:
+        raise ValueError(f"policy {name}: stop_below drafts a chain (K = 1, L2 = 0), not {choice.action}")
     return choice
 
 
