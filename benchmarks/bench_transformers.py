@@ -25,7 +25,7 @@ over the best of the four built-in ones (by tokens/s), paired. Also each unit's 
 step mix (plain / drafted / lookup steps, mean draft length) and the machine's load average.
 
     .venv/bin/python -m benchmarks.bench_transformers [--selector artifacts/selector_chain] [--draft artifacts/draft]
-        [--latency artifacts/latency.json] [--params params.yaml] [--prompts 12] [--quick]
+        [--latency artifacts/latency.json] [--params params.yaml] [--prompts 12] [--quick] [--prices-only]
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--quick", action="store_true", help="4 TEST prompts, 1 TRAIN prompt, 3 thresholds, 3 lengths")
+    p.add_argument("--prices-only", action="store_true",
+                   help="only measure generate()'s step prices and write the priced profile "
+                        "(latency_transformers.json next to --latency), then stop")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     if args.quick:
@@ -259,6 +262,9 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg, pair, assistant, selector = load(args)
+    if args.prices_only:
+        print(f"priced profile -> {generate_prices(args, cfg, pair, assistant)[0]['profile']}")
+        return 0
     test, train = prompts(cfg, "test", args.prompts), prompts(cfg, "train", args.tune_prompts)
     load_before = os.getloadavg()
     start = time.perf_counter()

@@ -15,14 +15,12 @@ writes them into a copy of the profile, so the selector decides with the costs o
 3. ``with_prices``: the profile with ``step_ratios.tree = {tables: 0, step, forward: 0, node}``; its forward
    tables (and so the selector's latency features) stay as measured by ``branchpoint profile``.
 
-    .venv/bin/python -m integrations.step_prices --out artifacts/latency_transformers.json  # then latency= it
+    .venv/bin/python -m benchmarks.bench_transformers --prices-only  # -> artifacts/latency_transformers.json
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 import time
 
 import numpy as np
@@ -106,41 +104,3 @@ def with_prices(latency: LatencyModel, line: dict, measured: dict | None = None)
     meta = {**latency.meta, "step_ratios_source": "transformers generate() (integrations.step_prices)",
             "step_ratios_transformers": {"fit": line, **(measured or {})}}
     return dataclasses.replace(latency, step_ratios=StepRatios.from_dict(ratios.to_dict()), meta=meta)
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Measure the step prices of transformers' assisted loop on this machine "
-                                "and write a latency profile that prices with them (module docstring).")
-    p.add_argument("--params", default="params.yaml", help="params file: the model pair and the prompts")
-    p.add_argument("--draft", default="artifacts/draft", help="self-draft folder (branchpoint train-draft)")
-    p.add_argument("--latency", default="artifacts/latency.json", help="the profile of `branchpoint profile`")
-    p.add_argument("--out", default="artifacts/latency_transformers.json", help="where the priced profile goes")
-    p.add_argument("--prompts", type=int, default=3, help="TRAIN prompts")
-    p.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 3, 4], help="draft lengths to time")
-    p.add_argument("--tokens", type=int, default=48, help="new tokens per decode")
-    p.add_argument("--temperature", type=float, default=1.0)
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    from integrations.assistant import SelfDraftAssistant
-    from models.loading import load_pair
-    from pipeline.config import load_config
-    from pipeline.evaluate import pick_units
-
-    args = parse_args(argv)
-    cfg = load_config(args.params, [])
-    pair = load_pair(cfg.model.target, f"self_draft:{args.draft}", cfg.model.device, cfg.model.dtype,
-                     cfg.model.cache_dir)
-    assistant = SelfDraftAssistant(pair.draft, pair.target)
-    prompts = [u.prompt_ids for u in pick_units(cfg, "train", args.prompts)[0]]
-    measured = measure(pair.target, assistant, prompts, args.lengths, args.tokens, args.temperature)
-    line = fit(measured["ratios"])
-    with_prices(LatencyModel.load(args.latency), line, measured).save(args.out)
-    print(f"generate()'s drafted step: {line['step']:.3f} + {line['node']:.3f} n plain steps (rms residual "
-          f"{line['residual']:.3f}) -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
