@@ -9,23 +9,18 @@ prompts (one trajectory's prompt per TEST prompt, as stage evaluate picks them),
 - ``assisted_default``: assisted generation with transformers' defaults (the self-draft as ``assistant_model``);
 - ``assisted_tuned_threshold``: the same with ``assistant_confidence_threshold`` tuned on TRAIN prompts;
 - ``prompt_lookup``: ``prompt_lookup_num_tokens`` tuned on TRAIN prompts;
-- ``branchpoint``: `integrations.transformers.branchpoint_generate`: the chain selector picks each step's draft length,
-  priced with the step prices of ``generate()``'s own loop (`integrations.step_prices`, measured on TRAIN prompts
-  in this run);
+- ``branchpoint``: `integrations.transformers.branchpoint_generate`: the chain selector picks each step's draft length;
 - ``branchpoint_lookup``: the same behind prompt lookup's rule (a lookup chain of the tuned length where the
-  context repeats), our headline's policy;
-- ``branchpoint_engine_prices``, ``branchpoint_lookup_engine_prices``: the same two priced with the profile's step
-  prices (our engine's steps), for the paired ``generate_prices_vs_engine_prices``; not among the selector policies
-  of ``selector_vs_best_builtin``.
+  context repeats), our headline's policy.
 
 Units are (prompt, temperature); each unit is decoded by every policy in a rotated order (unit i starts with
-policy i mod 8) under the same seed. Stored: ``policies[name].tokens_per_second`` (sum tokens / sum seconds, 95%
+policy i mod 6) under the same seed. Stored: ``policies[name].tokens_per_second`` (sum tokens / sum seconds, 95%
 bootstrap interval over prompts) and ``selector_vs_best_builtin``: the better of the two branchpoint policies
 over the best of the four built-in ones (by tokens/s), paired. Also each unit's runs, the tuning, the selector's
 step mix (plain / drafted / lookup steps, mean draft length) and the machine's load average.
 
     .venv/bin/python -m benchmarks.bench_transformers [--selector artifacts/selector_chain] [--draft artifacts/draft]
-        [--latency artifacts/latency.json] [--params params.yaml] [--prompts 12] [--quick] [--prices-only]
+        [--latency artifacts/latency.json] [--params params.yaml] [--prompts 12] [--quick]
 """
 
 from __future__ import annotations
@@ -42,8 +37,6 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results" / "transformers.json"
 BUILTIN = ("autoregressive", "assisted_default", "assisted_tuned_threshold", "prompt_lookup")
 OURS = ("branchpoint", "branchpoint_lookup")
-ENGINE_PRICED = ("branchpoint_engine_prices", "branchpoint_lookup_engine_prices")  # the same, the engine's prices
-SELECTOR_POLICIES = (*OURS, *ENGINE_PRICED)
 GOAL = 1.05  # the issue's goal: the better selector policy over the best built-in one
 
 
@@ -61,21 +54,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.6])
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.2, 0.4, 0.6, 0.8])
     p.add_argument("--lookup-lengths", type=int, nargs="+", default=[2, 3, 4, 6, 10])
-    p.add_argument("--price-prompts", type=int, default=3, help="TRAIN prompts of generate()'s step prices")
-    p.add_argument("--price-lengths", type=int, nargs="+", default=[1, 2, 3, 4], help="draft lengths timed there")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--quick", action="store_true", help="4 TEST prompts, 1 TRAIN prompt, 3 thresholds, 3 lengths")
-    p.add_argument("--prices-only", action="store_true",
-                   help="only measure generate()'s step prices and write the priced profile "
-                        "(latency_transformers.json next to --latency), then stop")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.tune_prompts = min(args.prompts, 4), 1
         args.thresholds, args.lookup_lengths = [0.2, 0.4, 0.6], [3, 6, 10]
-        args.price_prompts, args.price_lengths = 1, [1, 3]
     if args.max_new_tokens < 1 or args.prompts < 1:
         p.error("--max-new-tokens and --prompts must be >= 1")
     return args
@@ -107,9 +94,8 @@ class Policies:
     """Each policy's ``generate()`` keyword arguments; the assistant's config is restored before every run
     (transformers' heuristic schedule writes its draft length back into it)."""
 
-    def __init__(self, assistant, selector, priced=None) -> None:
-        self.assistant, self.selector = assistant, selector  # ``selector``: priced with the profile's step prices
-        self.priced = priced  # the same selector priced with generate()'s (`integrations.step_prices`)
+    def __init__(self, assistant, selector) -> None:
+        self.assistant, self.selector = assistant, selector
         self.pristine = copy.deepcopy(assistant.generation_config)
         self.threshold: float | None = None
         self.lookup: int | None = None
@@ -128,29 +114,9 @@ class Policies:
             return {"assistant_model": self.assistant}
         if name == "prompt_lookup":
             return {"prompt_lookup_num_tokens": self.lookup}
-        lookup = self.lookup if name.startswith("branchpoint_lookup") else None
-        selector = self.selector if name in ENGINE_PRICED else self.priced
-        self.decodings[name] = BranchpointDecoding(selector, self.assistant, lookup=lookup)
+        lookup = self.lookup if name == "branchpoint_lookup" else None
+        self.decodings[name] = BranchpointDecoding(self.selector, self.assistant, lookup=lookup)
         return {"custom_generate": self.decodings[name]}
-
-
-def generate_prices(args, cfg, pair, assistant):
-    """``(measured, selector)``: generate()'s step prices on TRAIN prompts (`integrations.step_prices`) and the chain
-    selector priced with them."""
-    from decoding.latency import LatencyModel
-    from integrations.step_prices import fit, measure, with_prices
-    from integrations.transformers import load_chain_selector
-
-    units = prompts(cfg, "train", args.price_prompts)
-    measured = measure(pair.target, assistant, [u.prompt_ids for u in units], args.price_lengths,
-                       args.tune_max_new_tokens, args.temperatures[0], args.seed)
-    line = fit(measured["ratios"])
-    print(f"generate()'s drafted step: {line['step']:.3f} + {line['node']:.3f} n plain steps")
-    latency = with_prices(LatencyModel.load(args.latency), line, measured)
-    path = Path(args.latency).with_name("latency_transformers.json")  # the profile the selector used
-    latency.save(path)
-    return {**measured, "fit": line, "profile": str(path)}, load_chain_selector(args.selector, pair.target, path,
-                                                                                 pair.tokenizer)
 
 
 def decode(pair, policies: Policies, name: str, prompt_ids, temperature: float, tokens: int, seed: int) -> dict:
@@ -187,7 +153,7 @@ def tune(pair, policies: Policies, name: str, attr: str, values, units, temperat
 
 def run_units(pair, policies: Policies, units, args) -> list[dict]:
     """Every (TEST prompt, temperature) unit decoded by every policy, the order rotated per unit."""
-    names = [*BUILTIN, *SELECTOR_POLICIES]
+    names = [*BUILTIN, *OURS]
     rows = []
     for i, (u, t) in enumerate((u, t) for u in units for t in args.temperatures):
         order = names[i % len(names):] + names[: i % len(names)]
@@ -210,7 +176,7 @@ def summarize(rows: list[dict], args) -> dict:
                 np.array([r["prompt_id"] for r in sel]))
 
     policies = {}
-    for name in (*BUILTIN, *SELECTOR_POLICIES):
+    for name in (*BUILTIN, *OURS):
         tok, sec, groups = arrays(name)
         policies[name] = {"tokens_per_second": rate_ci(tok, sec, groups, n_boot=args.bootstrap, seed=args.seed),
                           "by_temperature": {str(t): rate_ci(*arrays(name, t), n_boot=args.bootstrap, seed=args.seed)
@@ -225,20 +191,15 @@ def summarize(rows: list[dict], args) -> dict:
     for t in args.temperatures:
         (ta_t, sa_t, g_t), (tb_t, sb_t, _) = arrays(best_ours, t), arrays(best_builtin, t)
         per_t[str(t)] = ratio_ci(ta_t, sa_t, tb_t, sb_t, g_t, n_boot=args.bootstrap, seed=args.seed)
-    pricing = {}
-    for ours, engine in zip(OURS, ENGINE_PRICED, strict=True):
-        (ta, sa, groups), (tb, sb, _) = arrays(ours), arrays(engine)
-        pricing[ours] = ratio_ci(ta, sa, tb, sb, groups, n_boot=args.bootstrap, seed=args.seed)
     return {"policies": policies,
             "selector_vs_best_builtin": {**ratio, "selector_policy": best_ours, "best_builtin": best_builtin,
-                                         "by_temperature": per_t, "goal": GOAL, "met": ratio["value"] >= GOAL},
-            "generate_prices_vs_engine_prices": pricing}
+                                         "by_temperature": per_t, "goal": GOAL, "met": ratio["value"] >= GOAL}}
 
 
 def step_mix(rows: list[dict]) -> dict:
     """The branchpoint policies' steps: shares of plain / drafted / lookup steps and the mean draft length."""
     out = {}
-    for name in SELECTOR_POLICIES:
+    for name in OURS:
         steps = {k: sum(r["steps"][k] for r in rows if r["policy"] == name) for k in ("plain", "draft", "lookup")}
         total = max(sum(steps.values()), 1)
         drafted = sum(r["drafted"] for r in rows if r["policy"] == name)
@@ -262,23 +223,19 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg, pair, assistant, selector = load(args)
-    if args.prices_only:
-        print(f"priced profile -> {generate_prices(args, cfg, pair, assistant)[0]['profile']}")
-        return 0
+    policies = Policies(assistant, selector)
     test, train = prompts(cfg, "test", args.prompts), prompts(cfg, "train", args.tune_prompts)
     load_before = os.getloadavg()
     start = time.perf_counter()
-    prices, priced = generate_prices(args, cfg, pair, assistant)
-    policies = Policies(assistant, selector, priced)
     tuning = {"assisted_tuned_threshold": tune(pair, policies, "assisted_tuned_threshold", "threshold", args.thresholds,
                                                train, args.temperatures, args.tune_max_new_tokens, args.seed),
               "prompt_lookup": tune(pair, policies, "prompt_lookup", "lookup", args.lookup_lengths, train,
                                     args.temperatures, args.tune_max_new_tokens, args.seed)}
-    for name in (*BUILTIN, *SELECTOR_POLICIES):  # untimed warm-up of each path
+    for name in (*BUILTIN, *OURS):  # untimed warm-up of each path
         decode(pair, policies, name, test[0].prompt_ids, args.temperatures[0], 8, args.seed)
     rows = run_units(pair, policies, test, args)
     result = {"command": "python -m benchmarks.bench_transformers " + " ".join(sys.argv[1:] if argv is None else argv),
-              **summarize(rows, args), "selector_steps": step_mix(rows), "tuning": tuning, "generate_prices": prices,
+              **summarize(rows, args), "selector_steps": step_mix(rows), "tuning": tuning,
               "setup": {"target": cfg.model.target, "draft": args.draft, "selector": args.selector,
                         "selector_sha256": selector.sidecar.get("onnx_sha256"), "latency": args.latency,
                         "test_prompts": len(test), "train_prompts": len(train), "temperatures": args.temperatures,

@@ -37,7 +37,6 @@ install that the generator is really called (greedy identity with ``generate()``
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -153,9 +152,7 @@ class AssistantDrafter:
 
 
 class SelectorCandidateGenerator(CandidateGenerator):
-    """transformers' candidate-generator protocol, with the chain selector choosing each step's draft length.
-    ``steps``/``drafted`` count the call's steps; ``trace`` holds each step's start (``perf_counter``), kind and
-    proposed length: a step lasts until the next one starts (`integrations.step_prices` times steps with it)."""
+    """transformers' candidate-generator protocol, with the chain selector choosing each step's draft length."""
 
     requires_model_outputs = True  # the target's last pass: its hidden states are the selector's input
     model_kwargs_overrides = {"output_hidden_states": True}
@@ -171,7 +168,6 @@ class SelectorCandidateGenerator(CandidateGenerator):
         self.last_length = 0  # candidates of the previous step
         self.steps = {"plain": 0, "draft": 0, "lookup": 0}
         self.drafted = 0
-        self.trace: list[tuple[float, str, int]] = []  # (perf_counter at the step's start, kind, tokens proposed)
 
     @property
     def num_drafting_tokens(self) -> int:
@@ -181,7 +177,6 @@ class SelectorCandidateGenerator(CandidateGenerator):
 
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, n_last_matches: int = 0,
                        **_: object) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        start = time.perf_counter()
         budget = self.max_length - input_ids.shape[1] - 1  # transformers' own cap: the bonus token must fit
         n, proposal = 0, None
         if budget > 0 and self.lookup:
@@ -189,14 +184,12 @@ class SelectorCandidateGenerator(CandidateGenerator):
         if proposal is not None and proposal.tokens:
             self.last_length = len(proposal.tokens)
             self.steps["lookup"] += 1
-            self.trace.append((start, "lookup", self.last_length))
             tokens = torch.tensor([proposal.tokens], dtype=input_ids.dtype, device=input_ids.device)
             return torch.cat([input_ids, tokens], dim=1), None  # one-hot q: transformers matches sampled tokens
         if budget > 0 and model_outputs is not None:
             n = min(self.draft_length(input_ids, model_outputs, int(n_last_matches)), budget)
         self.last_length = n
         self.steps["draft" if n else "plain"] += 1
-        self.trace.append((start, "draft" if n else "plain", n))
         if n == 0:
             return input_ids, None
         self.drafted += n

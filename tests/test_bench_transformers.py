@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_transformers import BUILTIN, SELECTOR_POLICIES, parse_args, step_mix, summarize
+from benchmarks.bench_transformers import BUILTIN, OURS, parse_args, step_mix, summarize
 
 RATES = {"autoregressive": 10.0, "assisted_default": 8.0, "assisted_tuned_threshold": 12.0, "prompt_lookup": 11.0,
-         "branchpoint": 13.0, "branchpoint_lookup": 14.0, "branchpoint_engine_prices": 15.0,
-         "branchpoint_lookup_engine_prices": 7.0}
+         "branchpoint": 13.0, "branchpoint_lookup": 14.0}
 
 
 def _rows():
@@ -20,7 +19,7 @@ def _rows():
                 seconds = tokens / (rate * (1.2 if t == 0.6 else 1.0))  # T = 0.6 runs 20% faster for everyone
                 row = {"policy": name, "prompt_id": prompt, "temperature": t, "unit": unit, "tokens": tokens,
                        "seconds": seconds}
-                if name in SELECTOR_POLICIES:
+                if name in OURS:
                     row |= {"steps": {"plain": 10, "draft": 20, "lookup": 10 if name == "branchpoint_lookup" else 0},
                             "drafted": 60}
                 rows.append(row)
@@ -31,7 +30,7 @@ def _rows():
 def test_summary_compares_the_better_selector_policy_with_the_best_builtin():
     args = parse_args(["--bootstrap", "200"])
     out = summarize(_rows(), args)
-    assert set(out["policies"]) == {*BUILTIN, *SELECTOR_POLICIES}
+    assert set(out["policies"]) == {*BUILTIN, *OURS}
     ar = out["policies"]["autoregressive"]["tokens_per_second"]
     assert ar["value"] == pytest.approx(128 * 6 / (128 / 10 * 3 + 128 / 12 * 3))
     assert out["policies"]["autoregressive"]["by_temperature"]["0.6"]["value"] == pytest.approx(12.0)
@@ -39,9 +38,6 @@ def test_summary_compares_the_better_selector_policy_with_the_best_builtin():
     assert (r["selector_policy"], r["best_builtin"]) == ("branchpoint_lookup", "assisted_tuned_threshold")
     assert r["value"] == pytest.approx(14 / 12) and r["low"] <= r["value"] <= r["high"] and r["met"]
     assert r["by_temperature"]["1.0"]["value"] == pytest.approx(14 / 12)
-    # the engine-priced twins are compared with their own policy, never picked as "the selector policy"
-    assert out["generate_prices_vs_engine_prices"]["branchpoint"]["value"] == pytest.approx(13 / 15)
-    assert out["generate_prices_vs_engine_prices"]["branchpoint_lookup"]["value"] == pytest.approx(14 / 7)
 
 
 def test_step_mix_and_quick_mode():
