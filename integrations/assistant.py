@@ -11,10 +11,14 @@ the same draft on the same weights.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# the output's cache field: ``cache`` in transformers >= 5.25 (``past_key_values`` there is a deprecated alias)
+_CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 class SelfDraftAssistant(PreTrainedModel, GenerationMixin):
@@ -45,7 +49,7 @@ class SelfDraftAssistant(PreTrainedModel, GenerationMixin):
         out = self.draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache if cache is not None else past_key_values, use_cache=use_cache,
                          logits_to_keep=logits_to_keep)
-        return CausalLMOutputWithPast(logits=out.logits, past_key_values=out.cache)
+        return CausalLMOutputWithPast(logits=out.logits, **{_CACHE_FIELD: out.cache})
 
 
 def self_draft_assistant(model, folder: str | Path = "artifacts/draft") -> SelfDraftAssistant:
