@@ -48,6 +48,7 @@ from decoding.errors import UserInputError
 from decoding.features import RootFeatures
 from decoding.lookup import MAX_NGRAM, propose
 from decoding.sampling import Sampling
+from export.policies import build_policy
 from export.runtime import SelectorRuntime, read_sidecar
 
 CHAIN = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
@@ -99,7 +100,7 @@ def load_chain_selector(folder: str | Path, model, latency: str | Path | None = 
         raise IntegrationError(f"{folder}: the sidecar holds no latency profile; pass latency=<this machine's "
                                "artifacts/latency.json from `branchpoint profile`>")
     check_pair(sidecar, model, tokenizer, folder)
-    runtime = SelectorRuntime(folder, latency=latency)
+    runtime = build_policy("selector", {"folder": folder, "latency": latency}).policy  # the registry's selector
     if runtime.needs_draft:
         raise IntegrationError(f"{folder}: feature set {runtime.feature_set!r} needs the draft's hidden states, which "
                                "transformers' assistant does not expose; export a target_only chain selector")

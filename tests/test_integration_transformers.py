@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,6 +219,19 @@ def test_a_missing_latency_profile_is_refused(pair, chain_folder, tmp_path):
     assert load_chain_selector(bare, pair[0], latency=profile).latency is not None
     with pytest.raises(IntegrationError, match="no selector folder"):
         load_chain_selector(tmp_path / "absent", pair[0])
+
+
+def test_the_selector_comes_from_the_policy_registry(pair, chain_folder, monkeypatch):
+    """One meaning for "selector": the integration builds it with `export.policies.build_policy`, as decode and
+    evaluate do."""
+    from export import policies
+
+    built = []
+    registered = policies.POLICIES["selector"]
+    monkeypatch.setitem(policies.POLICIES, "selector", lambda cfg: built.append(dict(cfg)) or registered(cfg))
+    runtime = load_chain_selector(chain_folder, pair[0])
+    assert [Path(b["folder"]) for b in built] == [Path(chain_folder)]
+    assert runtime.sidecar["kind"] == "chain"
 
 
 def test_the_self_draft_is_an_assistant_for_both_transformers_and_the_selector(pair, chain_folder):
