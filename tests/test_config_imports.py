@@ -32,3 +32,19 @@ def test_validating_the_params_file_imports_no_torch_or_numba():
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_config_cli_explains_itself_and_names_a_bad_file():
+    """``python -m pipeline.config``: --help prints the usage (exit 0); a missing file is one line naming it, no
+    traceback (exit 1)."""
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline.config", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+
+    helped = cli("--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m pipeline.config PARAMS_FILE")
+    missing = cli("nope.yaml")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip() == "pipeline.config: config file not found: nope.yaml"
+    resolved = cli("configs/quick.yaml", "model.device=cpu")
+    assert resolved.returncode == 0 and "device: cpu" in resolved.stdout
