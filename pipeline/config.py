@@ -245,9 +245,11 @@ if __name__ == "__main__":  # python -m pipeline.config configs/quick.yaml [sect
     USAGE = ("usage: python -m pipeline.config PARAMS_FILE [section.key=value ...]\n\n"
              "Prints PARAMS_FILE resolved (its `extends:` chain, the overrides, every default filled in and checked) "
              "as a params file,\ne.g. `python -m pipeline.config configs/quick.yaml model.device=cuda > params.yaml`.")
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+    if sys.argv[1:2] in (["-h"], ["--help"]):
         print(USAGE)
-        sys.exit(0 if len(sys.argv) >= 2 else 2)
+        sys.exit(0)
+    if len(sys.argv) < 2:  # to stderr: stdout is often redirected into params.yaml
+        sys.exit(USAGE)
     try:
         print(dump_params(load_config(sys.argv[1], sys.argv[2:])), end="")
     except ConfigError as e:

@@ -43,6 +43,8 @@ def test_the_config_cli_explains_itself_and_names_a_bad_file():
 
     helped = cli("--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m pipeline.config PARAMS_FILE")
+    bare = cli()  # no file: the usage goes to stderr, never into a redirected params.yaml
+    assert bare.returncode == 1 and bare.stdout == "" and bare.stderr.startswith("usage: python -m pipeline.config")
     missing = cli("nope.yaml")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert missing.stderr.strip() == "pipeline.config: config file not found: nope.yaml"
