@@ -51,8 +51,10 @@ def test_step_ratios_decode_every_class_in_rounds_and_price_them_against_plain_s
                                            [1, 2], schema, new_tokens=4, rounds=2)
     assert set(by_class) == {"plain", DECIDE, "traversal:2,0,1", "traversal:1,2,0", "lookup:1", "lookup:2"}
     assert by_class["plain"]["ratio"] == pytest.approx(1.0)  # each round's plain steps over their own mean
-    for row in by_class.values():
-        assert row["steps"] >= 2 and row["ratio"] > 0 and row["round_min"] <= row["ratio"] <= row["round_max"]
+    for row in by_class.values():  # the mean of all steps lies between the rounds' means (up to float rounding)
+        slack = 1e-9 * row["ratio"]
+        assert row["steps"] >= 2 and row["ratio"] > 0
+        assert row["round_min"] - slack <= row["ratio"] <= row["round_max"] + slack
     for key in ("traversal:2,0,1", "traversal:1,2,0", "lookup:1", "lookup:2"):
         assert by_class[key]["fitted_ratio"] > 0
     assert all(v >= 0 for v in [*ratios.tree.values(), *ratios.chain.values()])
