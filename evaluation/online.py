@@ -5,7 +5,7 @@ Terms:
 - a *policy* (`EvalPolicy`): what decides each step's tree shape and method: autoregressive; *chain*
   speculative decoding (``naive`` on K = 1 chains) with its best static length; a method with its *best
   static* action; an exported selector (``auto``: it picks method and action, or restricted to one method).
-- *best static*: the speculating action (tree size >= 1) of the highest realized TPS on the TRAIN roots'
+- *best static*: the speculating action (tree size >= 1) of the highest path TPS on the TRAIN roots'
   labels with the latency model's step times (`throughput.best_static`; ALGORITHMS.md section 6). The
   chain's labels are those of a collected OT method on K = 1 chains (standard speculative sampling;
   `findings.chain_source`).
@@ -21,7 +21,7 @@ Terms:
   (`tune_prompt_lookup`). The selector is also decoded with the same lookup first (``<selector>:lookup``): where a
   lookup matched it verifies that chain, elsewhere the selector decides.
 - the *best static* of all (`BEST_STATIC`, the hardware-aware best static tree: Sequoia's idea with our
-  latency model): of the methods' best static policies, the one of the highest realized TPS on TRAIN.
+  latency model): of the methods' best static policies, the one of the highest path TPS on TRAIN.
 - a *unit*: one TEST trajectory's prompt (at its own sampling setting) and one seed; every policy decodes
   every unit, in an order rotated per unit, so slow phases of a shared machine hit all policies alike.
 - a *run*: one (unit, policy) decode: its tokens, seconds, block-efficiency counts and per-depth counts, and per step
@@ -165,7 +165,7 @@ def tune_prompt_lookup(decoder, units: Sequence, lengths: Sequence[int], min_ngr
 
 
 def best_static_name(offline_fit: dict[str, dict]) -> str | None:
-    """The static policy (``static:<method>``) of the highest realized TPS in ``offline_tps`` of TRAIN roots."""
+    """The static policy (``static:<method>``) of the highest path TPS in ``offline_tps`` of TRAIN roots."""
     names = [n for n in offline_fit if n.startswith("static:")]
     return max(names, key=lambda n: offline_fit[n]["tps"]) if names else None
 
@@ -182,7 +182,7 @@ def offline_tps(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], statics
     src = chain_source(labels)
     for name, (method, a) in statics.items():
         E = labels[src if method == CHAIN_METHOD else method]
-        tps = throughput.realized_tps(E, T[method], np.full(n, a))
+        tps = throughput.path_tps(E, T[method], np.full(n, a))
         out[name] = {"tps": tps, "vs_autoregressive": tps / ar, "mean_label": float(np.mean(E[:, a])),
                      "action": str(space[a])}
     return out

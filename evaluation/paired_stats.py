@@ -113,14 +113,14 @@ RATIO_KEYS = {"ar": "autoregressive", "best_static": "best_static", "adaptive_ch
               "threshold_chain": "threshold_chain", "prompt_lookup": "prompt_lookup"}
 
 
-def selector_ratios(table: dict, primary: str | None, alone: str | None = None) -> dict:
-    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios of the ``primary`` selector policy
-    (None where a peer did not run), the same ``selector_alone_vs_<peer>`` of the selector without lookup
-    (``alone``, when the primary is the selector with lookup first), and ``<key>_tps_vs_*`` of the primary and
-    Traversal's best static."""
+def selector_ratios(table: dict, selector: str | None, lookup_then: str | None = None) -> dict:
+    """Flat ``selector_vs_<peer>`` (+ ``_lo`` / ``_hi``) paired tokens/s ratios of the trained ``selector`` alone
+    (None where a peer did not run), the same ``lookup_then_selector_vs_<peer>`` of prompt lookup's rule first and
+    the selector elsewhere (``lookup_then``, when it ran), prompt lookup's own ``prompt_lookup_vs_ar``, and
+    ``<key>_tps_vs_*`` of the selector and Traversal's best static."""
     out: dict = {}
-    for prefix, name in (("selector", primary), ("selector_alone", alone)):
-        if prefix == "selector_alone" and name is None:
+    for prefix, name in (("selector", selector), ("lookup_then_selector", lookup_then)):
+        if prefix == "lookup_then_selector" and name is None:
             continue
         entry = table.get(name, {}) if name else {}
         for key, ref in RATIO_KEYS.items():
@@ -128,7 +128,11 @@ def selector_ratios(table: dict, primary: str | None, alone: str | None = None) 
             out[f"{prefix}_vs_{key}"] = r["value"] if r else None
             out[f"{prefix}_vs_{key}_lo"] = r["low"] if r else None
             out[f"{prefix}_vs_{key}_hi"] = r["high"] if r else None
-    for key, name in (("selector", primary), ("static_traversal", "static:traversal")):
+    lookup = (table.get(RATIO_KEYS["prompt_lookup"]) or {}).get("tps_vs_autoregressive")
+    if lookup:
+        out.update({"prompt_lookup_vs_ar": lookup["value"], "prompt_lookup_vs_ar_lo": lookup["low"],
+                    "prompt_lookup_vs_ar_hi": lookup["high"]})
+    for key, name in (("selector", selector), ("static_traversal", "static:traversal")):
         if name in table:
             out[f"{key}_tps_vs_autoregressive"] = table[name]["tps_vs_autoregressive"]["value"]
             if "tps_vs_traversal_best_static" in table[name]:

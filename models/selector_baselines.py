@@ -1,6 +1,6 @@
 """scikit-learn baselines of the selector, judged exactly like it (`models.selector_eval.evaluate`).
 
-- ``best_static``: the output with the best realized TPS on the train roots, at every root (a static
+- ``best_static``: the output with the best path TPS on the train roots, at every root (a static
   policy: it pays no feature cost);
 - ``ridge``: one multi-output ridge regression of Ê per output on the feature set's standardized SCALAR
   features (no hidden states), deciding by ``argmax Ê_pred / T`` at the feature set's cost;

@@ -3,11 +3,11 @@
 No decoding is needed: a selector's predictions ``pred`` ``[n, O]`` give its choice at each root by the
 decision rule ``argmax_o pred / cost`` (`decoding.pricing.decide`, over the valid outputs), and
 
-    realized TPS = sum_c Ê(c, a*(c)) / sum_c T(c, a*(c))
+    path TPS = n / sum_c T(c, a*(c)) / Ê(c, a*(c))      (`decoding.throughput`: tokens per second along the decode path)
 
 where the selector pays ``cost`` (its features and inference) and static policies and the oracle pay
 ``cost_static``. `evaluate` compares the selector with:
-- ``best_static``: the output with the best realized TPS on the FIT (train) roots, measured here;
+- ``best_static``: the output with the best path TPS on the FIT (train) roots, measured here;
 - ``best_static_per_sampling``: the same, chosen per sampling setting (a lookup table on T and top-p);
 - ``oracle``: the per-root ``argmax Ê / T`` (what label-perfect predictions would give, free features);
 - ``traversal_best_static``: Traversal's best static action (when Traversal's labels were collected);
@@ -32,7 +32,7 @@ def output_names(data: SelectorData) -> list[str]:
 
 
 def _tps(E: np.ndarray, T: np.ndarray, choice: np.ndarray) -> float:
-    return throughput.realized_tps(E, T, choice)
+    return throughput.path_tps(E, T, choice)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:

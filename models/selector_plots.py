@@ -30,7 +30,7 @@ def _gain_bars(plt, groups: dict, title: str, path: Path) -> Path:
         ax.bar(x + (i - 1) * 0.27, [groups[n].get(key, np.nan) for n in names], 0.27, label=label)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, [f"{n}\n({groups[n]['roots']} roots)" for n in names], fontsize=8)
-    ax.set_ylabel("realized TPS ratio")
+    ax.set_ylabel("path TPS ratio")
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()

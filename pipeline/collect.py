@@ -214,7 +214,7 @@ def collect_metrics(cfg) -> dict:
             s = throughput.summary(E[fit], T[fit], E[ev], T[ev], ar)
             s["best_static"] = str(space[s.pop("best_static_index")])
             if trav_static is not None:
-                trav = throughput.realized_tps(labels["traversal"][ev], T[ev], np.full(ev.sum(), trav_static))
+                trav = throughput.path_tps(labels["traversal"][ev], T[ev], np.full(ev.sum(), trav_static))
                 s["oracle_vs_traversal_best_static"] = s["tps_oracle"] / trav
             entry.update(s)
         for temp, top in sorted(set(zip(temps.tolist(), tops.tolist(), strict=True))):

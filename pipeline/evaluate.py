@@ -236,12 +236,11 @@ def decode_all(cfg, args, off):
 
 
 def selector_policies(policies) -> dict[str, str | None]:
-    """Names of the selector's policies: ``primary`` (the headline: the selector behind prompt lookup when it ran,
-    else the selector alone) and ``alone`` (the selector without lookup, None when it is the primary)."""
-    alone = next((p.name for p in policies if p.kind == "selector"), None)
+    """Names of the selector's policies: ``selector`` (the trained selector alone: the headline) and
+    ``lookup_then_selector`` (prompt lookup's rule first, the selector elsewhere; None when it did not run)."""
+    alone = next((p.name for p in policies if p.kind == "selector" and not p.name.endswith(f":{LOOKUP_TAG}")), None)
     lookup = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
-    primary = lookup or alone
-    return {"primary": primary, "alone": alone if primary != alone else None}
+    return {"selector": alone, "lookup_then_selector": lookup}
 
 
 def references(off) -> dict[str, str]:
@@ -281,7 +280,7 @@ def tables(cfg, off, policies, runs):
 
 NOTE = ("tokens/s = sum new tokens / sum wall seconds (prefill included) over prompts x seeds; intervals: {ci:.0%} "
         "percentile bootstrap over prompts ({bootstrap} resamples), paired by prompt and seed for ratios; offline = "
-        "realized TPS from TEST labels and the step prices (decoding/pricing.py); best statics chosen on TRAIN labels; "
+        "path TPS from TEST labels and the step prices (decoding/pricing.py); best statics chosen on TRAIN labels; "
         "best_static = the hardware-aware best static tree; pricing_audit: measured vs modelled step seconds per "
         "policy (evaluation/audit.py)")
 
@@ -301,7 +300,7 @@ def run(cfg, args) -> int:
     table, gains = tables(cfg, off, policies, runs)
     train_metrics = json.loads(Path(ec.train_metrics).read_text()) if Path(ec.train_metrics).is_file() else None
     names = selector_policies(policies)
-    primary, alone = names["primary"], names["alone"]
+    alone, then = names["selector"], names["lookup_then_selector"]
     metrics = {
         "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "threads": cfg.model.threads},
         "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
@@ -323,14 +322,13 @@ def run(cfg, args) -> int:
     }
     if runtime is not None:
         metrics["selector"] = {"folder": cfg.export.out, "methods": runtime.methods, "auto": runtime.auto,
-                               "feature_set": runtime.feature_set, "policy": primary, "policy_alone": alone}
+                               "feature_set": runtime.feature_set, "policy": alone, "policy_lookup_then": then}
     sel_offline = (metrics["offline"]["selector"] or {}).get("selector_vs_autoregressive")
-    trained = alone or primary  # the trained selector's own policy (lookup chains have no offline labels)
-    if trained in table and sel_offline is not None:  # its offline ratio (TEST roots, stage train)
-        table[trained]["offline"] = {"vs_autoregressive": sel_offline}
-    if primary:  # where the selector speculates or declines, what it chooses: per sampling setting / source
-        metrics["selector_by"] = {col: oe.choices_by(runs, trained, col) for col in ("temperature", "source")}
-    metrics.update(selector_ratios(table, primary, alone))  # flat, for `dvc metrics diff` and the headline file
+    if alone in table and sel_offline is not None:  # its offline ratio (TEST roots, stage train)
+        table[alone]["offline"] = {"vs_autoregressive": sel_offline}
+    if alone:  # where the selector speculates or declines, what it chooses: per sampling setting / source
+        metrics["selector_by"] = {col: oe.choices_by(runs, alone, col) for col in ("temperature", "source")}
+    metrics.update(selector_ratios(table, alone, then))  # flat, for `dvc metrics diff` and the headline file
     paths = write_outputs(cfg, metrics, runs)
     write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)
     print(paths["summary"])
@@ -353,15 +351,23 @@ def _train_summary(train_metrics: dict | None) -> dict | None:
     return out
 
 
+def mlflow_name(policy: str) -> str:
+    """A policy's MLflow metric prefix: ``selector_auto``; the selector behind prompt lookup's rule
+    (``selector:auto:lookup``) is ``lookup_then_selector_auto``, named for what decodes first."""
+    base = policy.removesuffix(f":{LOOKUP_TAG}")
+    return ("lookup_then_" if base != policy else "") + base.replace(":", "_")
+
+
 def _log_mlflow(cfg, metrics: dict, paths: dict) -> None:
     import mlflow
 
     from evaluation.report import clean
     from pipeline.tracking import start_run
 
-    flat = {}
+    flat = {k: v for k, v in metrics.items() if k.startswith(("selector_vs_", "lookup_then_selector_vs_",
+                                                               "prompt_lookup_vs_")) and isinstance(v, float)}
     for name, e in metrics["policies"].items():
-        k = name.replace(":", "_")
+        k = mlflow_name(name)
         flat[f"{k}/tokens_per_second"] = e["tokens_per_second"]["value"]
         flat[f"{k}/block_efficiency"] = e["block_efficiency"]["value"]
         for ref in ("autoregressive", "traversal_best_static"):

@@ -6,15 +6,16 @@ a missing file or key gives ``null``) and writes ``metrics/headline.json`` (``--
 selects), so ``dvc metrics show metrics/headline.json``, ``dvc metrics diff
 metrics/headline.json`` and ``dvc exp show --keep`` (README) show a run at a glance:
 
-- ``selector_vs_ar`` (+ ``_lo`` / ``_hi``, the paired bootstrap interval), ``selector_vs_best_static``,
-  ``selector_vs_threshold_chain``, ``selector_vs_adaptive_chain``: end-to-end tokens/s of the exported
-  selector on the TEST prompts over each reference policy (evaluate); the selector decodes behind prompt lookup's
-  tuned rule (``<selector>:lookup``), ``selector_vs_prompt_lookup`` compares it with prompt lookup decoding alone;
-  ``selector_alone_vs_ar`` (+ interval) and ``selector_alone_vs_best_static`` are the selector without lookup;
+- ``selector_vs_ar`` and ``selector_vs_best_static`` (+ ``_lo`` / ``_hi``, the paired bootstrap interval),
+  ``selector_vs_threshold_chain``, ``selector_vs_adaptive_chain``: end-to-end tokens/s of the exported selector
+  ALONE on the TEST prompts over each reference policy (evaluate);
+- ``prompt_lookup_vs_ar`` (+ interval): prompt lookup decoding alone (no draft model), lookup's own contribution;
+- ``lookup_then_selector_vs_prompt_lookup`` (+ interval) and ``lookup_then_selector_vs_ar``: prompt lookup's tuned
+  rule first and the selector where no suffix matched (``<selector>:lookup``), against lookup alone and AR;
 - ``pricing_worst_relative``: of every policy's measured / modelled step seconds over autoregressive's (evaluate's
   pricing audit), the one farthest from 1;
 - ``selector_tokens_per_second``, ``selector_block_efficiency``: the selector's own online numbers;
-- ``offline_selector_vs_ar``, ``offline_oracle_vs_ar``: realized TPS on TEST labels (selector, per-root oracle);
+- ``offline_selector_vs_ar``, ``offline_oracle_vs_ar``: path TPS on TEST labels (selector, per-root oracle);
 - ``draft_acceptance``: the draft's per-token acceptance on TEST prompts (mean over temperatures), of the pair's
   draft only: ``null`` when the metrics file names another draft than ``model.draft`` (a stale file);
 - ``collect_seconds_per_root``: the cost of one collected root.
@@ -32,9 +33,11 @@ SECTIONS = ("model", "train_draft", "collect", "evaluate")  # the params section
 
 OUT = "metrics/headline.json"
 KEYS = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_vs_best_static",
-        "selector_vs_threshold_chain", "selector_vs_adaptive_chain", "selector_vs_prompt_lookup",
-        "selector_alone_vs_ar", "selector_alone_vs_ar_lo", "selector_alone_vs_ar_hi", "selector_alone_vs_best_static",
-        "pricing_worst_relative", "selector_tokens_per_second",
+        "selector_vs_best_static_lo", "selector_vs_best_static_hi", "selector_vs_threshold_chain",
+        "selector_vs_adaptive_chain", "prompt_lookup_vs_ar", "prompt_lookup_vs_ar_lo", "prompt_lookup_vs_ar_hi",
+        "lookup_then_selector_vs_prompt_lookup", "lookup_then_selector_vs_prompt_lookup_lo",
+        "lookup_then_selector_vs_prompt_lookup_hi", "lookup_then_selector_vs_ar", "pricing_worst_relative",
+        "selector_tokens_per_second",
         "selector_block_efficiency", "offline_selector_vs_ar", "offline_oracle_vs_ar", "draft_acceptance",
         "collect_seconds_per_root")
 
@@ -79,9 +82,13 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+FLAT = ("selector_vs_best_static", "selector_vs_threshold_chain", "selector_vs_adaptive_chain", "prompt_lookup_vs",
+        "lookup_then_selector_vs")  # evaluate's flat keys the headline copies (`evaluation.paired_stats`)
+
+
 def from_evaluate(ev: dict) -> dict:
-    """The evaluate part: flat ``selector_vs_*`` keys when the evaluate stage writes them, else read from its
-    policy table (the selector policy named in ``ev["selector"]["policy"]``)."""
+    """The evaluate part: flat keys when the evaluate stage writes them, else (the selector's ratios to AR and the
+    best static) read from its policy table: the selector alone, named in ``ev["selector"]["policy"]``."""
     policy = (ev.get("selector") or {}).get("policy") or "selector"
     sel = (ev.get("policies") or {}).get(policy, {})
     offline = (ev.get("offline") or {}).get("selector") or {}
@@ -89,15 +96,9 @@ def from_evaluate(ev: dict) -> dict:
         "selector_vs_ar": _first(_get(ev, "selector_vs_ar"), _get(sel, "tps_vs_autoregressive", "value")),
         "selector_vs_ar_lo": _first(_get(ev, "selector_vs_ar_lo"), _get(sel, "tps_vs_autoregressive", "low")),
         "selector_vs_ar_hi": _first(_get(ev, "selector_vs_ar_hi"), _get(sel, "tps_vs_autoregressive", "high")),
+        **{k: _get(ev, k) for k in KEYS if k.startswith(FLAT)},
         "selector_vs_best_static": _first(_get(ev, "selector_vs_best_static"),
-                                          _get(sel, "tps_vs_traversal_best_static", "value")),
-        "selector_vs_threshold_chain": _get(ev, "selector_vs_threshold_chain"),
-        "selector_vs_adaptive_chain": _get(ev, "selector_vs_adaptive_chain"),
-        "selector_vs_prompt_lookup": _get(ev, "selector_vs_prompt_lookup"),
-        "selector_alone_vs_ar": _get(ev, "selector_alone_vs_ar"),
-        "selector_alone_vs_ar_lo": _get(ev, "selector_alone_vs_ar_lo"),
-        "selector_alone_vs_ar_hi": _get(ev, "selector_alone_vs_ar_hi"),
-        "selector_alone_vs_best_static": _get(ev, "selector_alone_vs_best_static"),
+                                          _get(sel, "tps_vs_best_static", "value")),
         "pricing_worst_relative": _worst_relative(ev.get("pricing_audit") or {}),
         "selector_tokens_per_second": _get(sel, "tokens_per_second", "value"),
         "selector_block_efficiency": _get(sel, "block_efficiency", "value"),

@@ -83,7 +83,7 @@ def noise_table(values: np.ndarray, T: np.ndarray, speculating: np.ndarray, ar: 
     from decoding import throughput
 
     trees = values.shape[0]
-    ar_tps = throughput.realized_tps(values.mean(axis=0), T, np.full(T.shape[0], ar))  # Ê(AR) = 1 exactly
+    ar_tps = throughput.path_tps(values.mean(axis=0), T, np.full(T.shape[0], ar))  # Ê(AR) = 1 exactly
     out = []
     for s in counts:
         if s > trees:
@@ -92,13 +92,13 @@ def noise_table(values: np.ndarray, T: np.ndarray, speculating: np.ndarray, ar: 
         mean = fit.mean(axis=0)  # [roots, A]
         se = fit[:, :, speculating].std(axis=0, ddof=1) / np.sqrt(s)
         row = {"trees": s, "se": float(se.mean()), "rel_se": float((se / mean[:, speculating]).mean()),
-               "oracle_in_sample": throughput.realized_tps(mean, T, throughput.oracle_choice(mean, T)) / ar_tps}
+               "oracle_in_sample": throughput.path_tps(mean, T, throughput.oracle_choice(mean, T)) / ar_tps}
         b = throughput.best_static(mean, T)
         row["best_static"] = int(b)
         if 2 * s <= trees:
             held = values[s:].mean(axis=0)
-            row["oracle_held_out"] = throughput.realized_tps(held, T, throughput.oracle_choice(mean, T)) / ar_tps
-            row["best_static_held_out"] = throughput.realized_tps(held, T, np.full(T.shape[0], b)) / ar_tps
+            row["oracle_held_out"] = throughput.path_tps(held, T, throughput.oracle_choice(mean, T)) / ar_tps
+            row["best_static_held_out"] = throughput.path_tps(held, T, np.full(T.shape[0], b)) / ar_tps
         out.append(row)
     return out
 

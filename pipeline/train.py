@@ -9,7 +9,7 @@ weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and 
    every (method, action)); step costs from `decoding.pricing`, the selector's including what deciding costs
    and (``charge_inference``) its own forward time measured here (`pipeline.training_data`);
 2. Lightning fit (objective ``train.objective``), standardization fitted on TRAIN, validation on VAL each
-   epoch (realized TPS, regret, MAE, Spearman; MLflow ``val/...``), best epoch restored;
+   epoch (path TPS, regret, MAE, Spearman; MLflow ``val/...``), best epoch restored;
 3. TEST report of the selector and of the scikit-learn baselines (``train.baselines``, each its own MLflow
    run in the same experiment), plots, the selector folder, the metrics file.
 

@@ -134,13 +134,15 @@ def test_evaluate_stage_writes_every_output(params, capsys):
         used = {k.split(":")[0] for k in m["chosen"][f"selector:{method}"]}
         assert used <= {method, "autoregressive"}, used
     assert sum(m["chosen"]["selector:auto"].values()) == pytest.approx(1.0)
-    # the headline policy is the selector behind prompt lookup's rule; the selector alone is reported beside it
-    assert m["selector"]["policy"] == "selector:auto:lookup" and m["selector"]["policy_alone"] == "selector:auto"
-    primary = m["policies"]["selector:auto:lookup"]
-    assert m["selector_tps_vs_autoregressive"] == primary["tps_vs_autoregressive"]["value"]
-    assert m["selector_alone_vs_ar"] == m["policies"]["selector:auto"]["tps_vs_autoregressive"]["value"]
+    # the headline policy is the selector alone; lookup then selector is reported beside it under its own name
+    assert m["selector"]["policy"] == "selector:auto" and m["selector"]["policy_lookup_then"] == "selector:auto:lookup"
+    sel = m["policies"]["selector:auto"]
+    assert m["selector_tps_vs_autoregressive"] == sel["tps_vs_autoregressive"]["value"]
+    then = m["policies"]["selector:auto:lookup"]
+    assert m["lookup_then_selector_vs_ar"] == then["tps_vs_autoregressive"]["value"]
+    assert m["lookup_then_selector_vs_prompt_lookup"] == then["tps_vs_prompt_lookup"]["value"]
+    assert m["prompt_lookup_vs_ar"] == m["policies"]["prompt_lookup"]["tps_vs_autoregressive"]["value"]
     # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
-    sel = primary
     assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
     for key, ref in (("ar", "autoregressive"), ("best_static", "best_static"), ("adaptive_chain", "adaptive_chain"),
@@ -225,7 +227,7 @@ def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded
     assert off["best_static"] == max((f"static:{m}" for m in METHODS), key=lambda n: train_tps[n]["tps"])
 
 
-def test_the_headline_is_the_selector_behind_prompt_lookup_when_it_ran():
+def test_the_headline_is_the_selector_alone_and_lookup_then_selector_has_its_own_name():
     from types import SimpleNamespace
 
     from pipeline.evaluate import selector_policies
@@ -234,9 +236,9 @@ def test_the_headline_is_the_selector_behind_prompt_lookup_when_it_ran():
         return [SimpleNamespace(name=n, kind="selector") for n in names]
 
     both = selector_policies(policies("selector:auto", "selector:auto:lookup"))
-    assert (both["primary"], both["alone"]) == ("selector:auto:lookup", "selector:auto")
+    assert (both["selector"], both["lookup_then_selector"]) == ("selector:auto", "selector:auto:lookup")
     alone = selector_policies(policies("selector:auto"))
-    assert alone["primary"] == "selector:auto" and alone["alone"] is None
+    assert alone["selector"] == "selector:auto" and alone["lookup_then_selector"] is None
 
 
 def _check_pricing_audit(m):
@@ -252,3 +254,11 @@ def _check_pricing_audit(m):
         assert e["relative_to_autoregressive"] > 0 and isinstance(e["holds"], bool)
     assert all(k.startswith("lookup:") or k == "plain" for k in audit["prompt_lookup"]["by_class"])
     assert any(k.startswith("gbv:") for k in audit["static:gbv"]["by_class"])
+
+
+def test_mlflow_names_the_lookup_first_policy_for_what_decodes_first():
+    from pipeline.evaluate import mlflow_name
+
+    assert mlflow_name("selector:auto") == "selector_auto"
+    assert mlflow_name("selector:auto:lookup") == "lookup_then_selector_auto"
+    assert mlflow_name("static:traversal") == "static_traversal"

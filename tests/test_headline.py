@@ -13,7 +13,7 @@ EVALUATE = {
     "policies": {"selector:specinfer": {
         "tokens_per_second": {"value": 14.9}, "block_efficiency": {"value": 1.14},
         "tps_vs_autoregressive": {"value": 0.94, "low": 0.91, "high": 0.97},
-        "tps_vs_traversal_best_static": {"value": 1.10}}},
+        "tps_vs_best_static": {"value": 1.10}}},
     "offline": {"selector": {"selector_vs_autoregressive": 0.97, "tps": {"oracle": 20.0, "autoregressive": 16.0}}},
 }
 
@@ -32,6 +32,27 @@ def test_headline_reads_each_stage_and_prefers_evaluates_flat_keys():
     assert h["selector_vs_ar"] == 0.99 and h["selector_vs_threshold_chain"] == 1.2 and h["selector_vs_best_static"] == 1.05
     assert h["selector_vs_adaptive_chain"] is None  # NaN is not a number to show
     assert h["draft_acceptance"] is None and h["collect_seconds_per_root"] is None
+
+
+def test_the_headline_names_the_selector_alone_and_lookup_then_selector_for_what_they_are():
+    """Issue #43: selector_vs_* is the trained selector alone; prompt lookup's own ratio and the lookup-first
+    combination have their own keys, so the combination's win is not credited to the selector."""
+    from evaluation.paired_stats import selector_ratios
+
+    def entry(ar, lookup=None):
+        e = {"tps_vs_autoregressive": {"value": ar, "low": ar - 0.05, "high": ar + 0.05}}
+        if lookup is not None:
+            e["tps_vs_prompt_lookup"] = {"value": lookup, "low": lookup - 0.05, "high": lookup + 0.05}
+        return e
+
+    table = {"selector:auto": entry(1.01), "selector:auto:lookup": entry(1.32, 1.05), "prompt_lookup": entry(1.26)}
+    flat = selector_ratios(table, "selector:auto", "selector:auto:lookup")
+    ev = {"selector": {"policy": "selector:auto"}, "policies": table, **flat}
+    h = headline_metrics(ev, {}, {})
+    assert h["selector_vs_ar"] == 1.01 and h["prompt_lookup_vs_ar"] == 1.26
+    assert h["lookup_then_selector_vs_ar"] == 1.32 and h["lookup_then_selector_vs_prompt_lookup"] == 1.05
+    assert h["lookup_then_selector_vs_prompt_lookup_lo"] == 1.0
+    assert not any(k.startswith("selector_alone") or k == "selector_vs_prompt_lookup" for k in h)
 
 
 

@@ -4,7 +4,7 @@ gives the metrics of one device within noise, on a tiny collected dataset.
 `branchpoint train` runs as a subprocess: Lightning's ``ddp`` strategy starts the second rank by running the same
 command again (``ddp_spawn`` would pickle the data module into spawned workers and copy the weights back; the
 CLI path is what a user runs). ``train.batch_size`` is the batch of one optimizer step over all devices, so both
-runs take the same number of steps. Tolerance: realized TPS of the selector on VAL and TEST within 4%, MAE within
+runs take the same number of steps. Tolerance: path TPS of the selector on VAL and TEST within 4%, MAE within
 0.03 (measured on this dataset: one device vs two 2.6% / 0.1% at seed 0; seeds 0 vs 1 on one device 0.7% / 0.7%,
 on two 1.6% / 0.9%; MAE 0.237-0.251).
 """
@@ -70,7 +70,7 @@ def test_two_cpu_processes_train_like_one(collected):
     for split in ("val", "test"):
         a, b = one[split], two[split]
         gap = abs(b["tps"]["selector"] / a["tps"]["selector"] - 1.0)
-        assert gap < TPS_TOL, f"{split}: realized TPS {a['tps']['selector']:.2f} vs {b['tps']['selector']:.2f}"
+        assert gap < TPS_TOL, f"{split}: path TPS {a['tps']['selector']:.2f} vs {b['tps']['selector']:.2f}"
         assert abs(a["mae"] - b["mae"]) < MAE_TOL, (split, a["mae"], b["mae"])
     assert _selector_runs(collected / "devices2.db") == 1  # rank 1 trained but logged and wrote nothing
     assert (collected / "devices2" / "selector.safetensors").is_file()

@@ -158,18 +158,20 @@ def _hand_data() -> SelectorData:
                         top_p=np.ones(n), context_length=np.array([10, 20]))
 
 
-def test_realized_tps_metrics_against_hand_values():
+def test_path_tps_metrics_against_hand_values():
     data = _hand_data()
-    # fit set: static TPS = (2/2, 3/3, 3.4/4) = 1, 1, 0.85 -> best static is output 0 (ties: first)
+    # fit set, path TPS n / sum(T / E): 2/(1+1) = 1, 2/(1.5/1.8 + 1.5/1.2) = 0.96, 2/(2/2.1 + 2/1.3) = 0.80 -> output 0
     pred = np.array([[1.0, 2.0, 0.0], [1.0, 0.0, 0.0]])  # picks (1,1,0) at root 0 (2/1.6 > 1/1.1), AR at root 1
     r = evaluate(pred, data, data)
     assert r["_choice"].tolist() == [1, 0]
-    assert r["tps"]["selector"] == pytest.approx((1.8 + 1.0) / (1.6 + 1.1))
-    assert r["tps"]["best_static"] == pytest.approx(2 / 2)
+    sel = 2 / (1.6 / 1.8 + 1.1 / 1.0)
+    assert r["tps"]["selector"] == pytest.approx(sel)
+    assert r["tps"]["best_static"] == pytest.approx(1.0)
     # oracle per root (static costs): root 0 rates 1, 1.2, 1.05 -> (1,1,0); root 1 rates 1, 0.8, 0.65 -> AR
-    assert r["tps"]["oracle"] == pytest.approx((1.8 + 1.0) / (1.5 + 1.0))
+    orc = 2 / (1.5 / 1.8 + 1.0)
+    assert r["tps"]["oracle"] == pytest.approx(orc)
     assert r["tps"]["autoregressive"] == pytest.approx(1.0)
-    assert r["regret"] == pytest.approx(1 - (2.8 / 2.7) / (2.8 / 2.5))
+    assert r["regret"] == pytest.approx(1 - sel / orc)
     assert r["per_root_regret"] == pytest.approx(np.mean([1 - (1.8 / 1.6) / 1.2, 1 - (1 / 1.1) / 1.0]))
     assert r["mae"] == pytest.approx(np.mean([np.mean([0, 0.2, 2.1]), np.mean([0, 1.2, 1.3])]))
     assert r["chosen"] == {"1,1,0": 0.5, "1,0,0": 0.5}
