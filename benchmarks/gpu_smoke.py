@@ -128,7 +128,7 @@ def draft_summary(metrics_file: Path) -> dict:
 
 def online_summary(headline_file: Path) -> dict:
     h = json.loads(headline_file.read_text())["headline"]
-    keys = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "selector_alone_vs_ar",
+    keys = ("selector_vs_ar", "selector_vs_ar_lo", "selector_vs_ar_hi", "lookup_then_selector_vs_ar",
             "selector_vs_best_static", "selector_tokens_per_second", "selector_block_efficiency", "draft_acceptance")
     return {k: h.get(k) for k in keys}
 
