@@ -138,3 +138,20 @@ def selector_ratios(table: dict, selector: str | None, lookup_then: str | None =
             if "tps_vs_traversal_best_static" in table[name]:
                 out[f"{key}_tps_vs_traversal_best_static"] = table[name]["tps_vs_traversal_best_static"]["value"]
     return out
+
+
+def offline_vs_online(table: dict) -> dict[str, dict]:
+    """Per policy of ``table`` with an offline estimate (``offline.vs_autoregressive``: path TPS on TEST labels,
+    `decoding.throughput`): that estimate next to the online paired ratio to autoregressive and its interval, and
+    whether the interval holds it (``inside``). Policies without labels (adaptive and threshold chains, lookup) have
+    no offline estimate and are left out."""
+    out = {}
+    for name, e in table.items():
+        off = (e.get("offline") or {}).get("vs_autoregressive")
+        on = e.get("tps_vs_autoregressive") or {}
+        if off is None or on.get("value") is None:
+            continue
+        lo, hi = on.get("low"), on.get("high")
+        out[name] = {"offline": float(off), "online": on["value"], "low": lo, "high": hi,
+                     "inside": bool(lo is not None and hi is not None and lo <= off <= hi)}
+    return out

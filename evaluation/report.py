@@ -291,6 +291,7 @@ def report_markdown(metrics: dict, figure_names: list[str]) -> str:
         f"Offline numbers use {off['test_roots']} TEST roots (statics fitted on {off['fit_roots']} TRAIN roots). "
         "Block efficiency carries over from the labels; the price of a step is what the pricing audit checks.", "",
         _selector_offline(off.get("selector")), "",
+        offline_online_table(metrics.get("offline_vs_online") or {}), "",
         "## Pricing audit", "",
         "Every decoded step priced by `decoding/pricing.py` at its context length, next to what the decoder measured "
         "(seconds summed over each policy's steps, prefill on its own column). *Relative to AR* divides a policy's "
@@ -303,6 +304,24 @@ def report_markdown(metrics: dict, figure_names: list[str]) -> str:
         "## Findings from the collected labels", "",
         findings_md(metrics["findings"]), "",
     ])
+
+
+def offline_online_table(rows: dict) -> str:
+    """Each labelled policy's offline path estimate (ratio to AR, `decoding.throughput`) next to its online ratio;
+    the policies whose online interval does not hold the estimate are named below the table."""
+    if not rows:
+        return ""
+    lines = ["| policy | offline (path) x AR | online x AR [95%] | inside |", "| --- | --- | --- | --- |"]
+    for name, r in rows.items():
+        online = _ci({"value": r["online"], "low": r["low"], "high": r["high"]}, "{:.3f}")
+        lines.append(f"| {name} | {r['offline']:.3f} | {online} | {'yes' if r['inside'] else '**no**'} |")
+    out = [n for n, r in rows.items() if not r["inside"]]
+    if out:
+        lines += ["", f"Outside the online interval: {', '.join(out)}. The path estimator assumes a step's E and T "
+                  "change "
+                  "slowly along the text and that every step runs to its E; end-of-decode steps, prefill (in the "
+                  "online seconds, not in the labels) and label noise move the two apart (docs/throughput.md)."]
+    return "\n".join(lines)
 
 
 def summary_text(metrics: dict) -> str:

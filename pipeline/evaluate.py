@@ -289,7 +289,7 @@ def run(cfg, args) -> int:
     from evaluation import online as oe
     from evaluation.audit import pricing_audit
     from evaluation.claims import findings_summary
-    from evaluation.paired_stats import selector_ratios
+    from evaluation.paired_stats import offline_vs_online, selector_ratios
     from evaluation.report import clean, write_outputs
 
     ec = cfg.evaluate
@@ -328,6 +328,7 @@ def run(cfg, args) -> int:
         table[alone]["offline"] = {"vs_autoregressive": sel_offline}
     if alone:  # where the selector speculates or declines, what it chooses: per sampling setting / source
         metrics["selector_by"] = {col: oe.choices_by(runs, alone, col) for col in ("temperature", "source")}
+    metrics["offline_vs_online"] = offline_vs_online(table)
     metrics.update(selector_ratios(table, alone, then))  # flat, for `dvc metrics diff` and the headline file
     paths = write_outputs(cfg, metrics, runs)
     write_json_atomic(Path(ec.metrics), clean(metrics), sort_keys=False)

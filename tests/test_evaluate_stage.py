@@ -142,6 +142,12 @@ def test_evaluate_stage_writes_every_output(params, capsys):
     assert m["lookup_then_selector_vs_ar"] == then["tps_vs_autoregressive"]["value"]
     assert m["lookup_then_selector_vs_prompt_lookup"] == then["tps_vs_prompt_lookup"]["value"]
     assert m["prompt_lookup_vs_ar"] == m["policies"]["prompt_lookup"]["tps_vs_autoregressive"]["value"]
+    # each labelled policy's offline path estimate next to its online ratio (issue #43); chains and lookup have none
+    ovo = m["offline_vs_online"]
+    assert {"autoregressive", "static:traversal"} <= set(ovo) and "prompt_lookup" not in ovo, set(ovo)
+    for name, r in ovo.items():
+        assert r["offline"] == m["policies"][name]["offline"]["vs_autoregressive"]
+        assert r["inside"] == (r["low"] <= r["offline"] <= r["high"])
     # the peers: flat paired ratios of the selector to each, with their interval (None where a peer did not run)
     assert m["best_static"] in ("static:traversal", "static:specinfer", "static:gbv")
     assert m["policies"][m["best_static"]]["best_static"] and not m["policies"]["chain"]["best_static"]
