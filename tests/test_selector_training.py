@@ -100,7 +100,7 @@ def synthetic(n: int = 600, seed: int = 0) -> SelectorData:
                         temperature=np.ones(n), top_p=np.ones(n), context_length=np.full(n, 100))
 
 
-@pytest.mark.parametrize("objective", ["regression", "throughput"])
+@pytest.mark.parametrize("objective", ["regression", "throughput", "path"])
 def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_thread):
     data = synthetic()
     dm = SelectorDataModule(data, batch_size=64)
@@ -129,8 +129,10 @@ def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_threa
         assert report["spearman"] > 0.6  # mean of 4 outputs; AR (Ê = 1 + noise) has no signal, rho ~ 0
     else:
         assert after < before - 0.02, (before, after)
-    # the signal is learnable: the selector beats the best static action on held-out roots
-    assert report["selector_vs_best_static"] > 1.03 and report["selector_vs_oracle"] > 0.95
+    # the signal is learnable: the selector beats the best static action on held-out roots (the path policy, whose
+    # loss is flat where the rates of two outputs are close, ends nearer 0.93 of the oracle in 40 epochs)
+    assert report["selector_vs_best_static"] > 1.03
+    assert report["selector_vs_oracle"] > (0.9 if objective == "path" else 0.95)
 
 
 def test_decision_rule_picks_argmax_of_E_over_T():

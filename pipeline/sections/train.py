@@ -14,7 +14,7 @@ class TrainConfig:
     # paper | target_only (decoding.features.FEATURE_SETS). target_only (with the root token's embedding): best
     # offline on VAL and TEST roots of the CPU default and the cheapest online (no draft work); docs/selector.md
     feature_set: str = "target_only"
-    objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
+    objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss) | path (time per token)
     # network (models/selector_network.py)
     proj: int = 128  # projection width of each hidden-state feature
     widths: list[int] = field(default_factory=lambda: [512, 32])  # MLP widths
@@ -47,8 +47,8 @@ class TrainConfig:
             check_method_name(m)
         if self.feature_set not in FEATURE_SETS:
             raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)}, not {self.feature_set!r}")
-        if self.objective not in ("regression", "throughput"):
-            raise ValueError(f"objective must be regression or throughput, not {self.objective!r}")
+        if self.objective not in ("regression", "throughput", "path"):
+            raise ValueError(f"objective must be regression, throughput or path, not {self.objective!r}")
         if self.label_weighting not in ("none", "inverse_se"):
             raise ValueError(f"label_weighting must be none or inverse_se, not {self.label_weighting!r}")
         bad = [b for b in self.baselines if b not in ("best_static", "ridge", "hgb")]
