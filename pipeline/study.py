@@ -7,6 +7,12 @@ same TEST roots (`models.selector_eval.evaluate`): selector / oracle, / best sta
 regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
 (``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
 
+``objectives``: the training objectives (``--objectives``: regression, throughput, path) and the margin rule, each
+trained with ``--seeds`` seeds on the same TRAIN roots and scored on the same TEST roots along the decode path
+(`decoding.throughput`): selector / best static, / autoregressive, / oracle. The margin rule keeps the best static
+unless the selector's predicted rate ``Ê / T`` beats the best static's by more than a margin (chosen on VAL from
+``--margins``). Writes JSON (default metrics/study_objectives.json).
+
 (The two-stage ``cascade`` study and its online runtime were removed when they did not become the default; their
 numbers are in docs/selector.md.)
 """
@@ -82,6 +88,73 @@ def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
                     "scored on all TEST roots (offline, labels + latency profile)"}
 
 
+def margin_choice(pred, cost, valid, a_static: int, margin: float) -> np.ndarray:
+    """The decision rule with a margin: the selector's choice where its predicted rate beats the best static's
+    predicted rate by more than ``margin`` (relative), else the best static."""
+    from decoding.pricing import decide
+
+    choice = decide(pred, cost, valid)
+    rate = np.where(np.isfinite(pred), pred, -np.inf) / cost
+    rows = np.arange(len(choice))
+    keep = rate[rows, choice] <= (1.0 + margin) * rate[rows, a_static]
+    return np.where(keep, a_static, choice)
+
+
+def _path_ratios(data, fit, choice: np.ndarray, valid) -> dict:
+    from decoding import throughput
+
+    E = np.where(valid, data.labels.astype(np.float64), np.nan)
+    E_fit = np.where(valid, fit.labels.astype(np.float64), np.nan)
+    a_static = throughput.best_static(E_fit, fit.cost_static)
+    n = len(data)
+    sel = throughput.path_tps(E, data.cost, choice)
+    return {"selector_vs_best_static": sel / throughput.path_tps(E, data.cost_static, np.full(n, a_static)),
+            "selector_vs_autoregressive": sel * float(np.sum(data.cost_ar)) / n,
+            "selector_vs_oracle": sel / throughput.path_tps(E, data.cost_static,
+                                                            throughput.oracle_choice(E, data.cost_static)),
+            "declined": float(np.mean(choice == a_static))}
+
+
+def objectives(cfg, names: list[str], seeds: list[int], margins: list[float]) -> dict:
+    """Each objective x seed trained on TRAIN and scored on TEST along the path; for regression also the margin rule
+    (its margin chosen on VAL). Returns per-run rows and, per variant, the mean and spread over seeds."""
+    from dataclasses import replace
+
+    from decoding import throughput
+    from models.selector_eval import output_names
+    from models.selector_training import predict
+    from pipeline.training_data import training_data
+
+    _, layout, schema, _, data, _ = training_data(cfg)
+    fit, val, test = (data.subset(data.rows(s)) for s in ("train", "val", "test"))
+    if not len(test) or not len(val):
+        raise SystemExit("study objectives: the collected dataset needs VAL and TEST roots")
+    valid = fit.valid_outputs()
+    a_static = throughput.best_static(np.where(valid, fit.labels.astype(np.float64), np.nan), fit.cost_static)
+    rows = []
+    for name in names:
+        for seed in seeds:
+            c = cfg.replace(train=replace(cfg.train, objective=name, seed=seed))
+            net = fit_net(c, data, layout, schema)
+            p_val, p_test = predict(net, val), predict(net, test)
+            rows.append({"variant": name, "seed": seed, **score(net, data)})
+            if name == "regression" and margins:
+                best = max(margins, key=lambda m: _path_ratios(val, fit, margin_choice(
+                    p_val, val.cost, valid, a_static, m), valid)["selector_vs_best_static"])
+                rows.append({"variant": "regression+margin", "seed": seed, "margin": best,
+                             **_path_ratios(test, fit, margin_choice(p_test, test.cost, valid, a_static, best), valid)})
+            print(f"study objectives: {rows[-1]['variant']} seed {seed}: selector / best static "
+                  f"{rows[-1]['selector_vs_best_static']:.4f}", flush=True)
+    summary = {}
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        x = np.array([r["selector_vs_best_static"] for r in rows if r["variant"] == v])
+        summary[v] = {"selector_vs_best_static_mean": float(x.mean()), "min": float(x.min()), "max": float(x.max())}
+    return {"study": "objectives", "feature_set": cfg.train.feature_set, "method": cfg.train.method,
+            "dataset": cfg.collect.out, "test_roots": len(test), "best_static": output_names(fit)[a_static],
+            "rows": rows, "summary": summary,
+            "note": "path TPS (decoding.throughput) on TEST roots; selector priced with its decision cost"}
+
+
 def plot(result: dict, path: Path) -> Path:
     import matplotlib
 
@@ -138,13 +211,22 @@ def main(argv: list[str] | None = None) -> int:
     lc.add_argument("--seed", type=int, default=0, help="shuffle of the TRAIN prompts")
     lc.add_argument("--out", default="metrics/study_learning_curve.json")
     add_config_arguments(lc)
+    ob = sub.add_parser("objectives", help="training objectives and the margin rule along the decode path (TEST)")
+    ob.add_argument("--objectives", nargs="+", default=["regression", "throughput", "path"])
+    ob.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ob.add_argument("--margins", type=float, nargs="*", default=[0.0, 0.02, 0.05, 0.1, 0.2])
+    ob.add_argument("--out", default="metrics/study_objectives.json")
+    add_config_arguments(ob)
     args = parser.parse_args(argv)
     if args.study == "learning-curve" and any(not 0 < f <= 1 for f in args.fractions):
         parser.error(f"--fractions must be in (0, 1], got {args.fractions}")
     cfg = study_config(args)
     out = Path(args.out)
-    result = learning_curve(cfg, sorted(args.fractions), args.seed)
-    result["plot"] = str(plot(result, out.with_suffix(".png")))
+    if args.study == "objectives":
+        result = objectives(cfg, args.objectives, args.seeds, args.margins)
+    else:
+        result = learning_curve(cfg, sorted(args.fractions), args.seed)
+        result["plot"] = str(plot(result, out.with_suffix(".png")))
     write_json_atomic(out, result)
     print(json.dumps({"out": str(out), "plot": result.get("plot")}))
     return 0

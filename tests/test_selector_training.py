@@ -388,3 +388,30 @@ def test_feature_ablation_zeroes_one_input_per_variant(collected, tmp_path, monk
     res = json.loads(out.read_text())
     assert set(res["mean"]) == {"all inputs", "without h_p_prev", "without e_root"}
     assert all(0 < m["test"]["selector_vs_oracle"] <= 1 + 1e-9 for m in res["mean"].values())
+
+
+def test_margin_rule_keeps_the_best_static_unless_the_predicted_gain_exceeds_the_margin():
+    from pipeline.study import margin_choice
+
+    pred = np.array([[1.0, 1.5, 2.0], [1.0, 1.3, 1.0], [1.0, np.nan, 3.0]])
+    cost = np.ones((3, 3))
+    valid = np.ones(3, bool)
+    # best static = output 1: root 0 predicts 2.0 vs 1.5 (+33%), root 1 picks 1 itself, root 2 has no rate for 1
+    assert margin_choice(pred, cost, valid, 1, 0.0).tolist() == [2, 1, 2]
+    assert margin_choice(pred, cost, valid, 1, 0.5).tolist() == [1, 1, 2]
+
+
+def test_objectives_study_scores_each_objective_and_the_margin_rule(collected, tmp_path, monkeypatch):
+    from pipeline.study import main
+
+    profile = toy_latency().save(tmp_path / "latency.json")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "study/ob.json"
+    assert main(["objectives", "--objectives", "regression", "path", "--seeds", "0", "--margins", "0", "0.1",
+                 "--out", str(out), "--set", f"collect.out={collected}", "--set", f"profile.out={profile}",
+                 "--set", "train.epochs=2", "--set", "train.feature_set=target_only"]) == 0
+    result = json.loads(out.read_text())
+    assert [r["variant"] for r in result["rows"]] == ["regression", "regression+margin", "path"]
+    assert result["rows"][1]["margin"] in (0.0, 0.1)
+    assert all(0 < r["selector_vs_oracle"] <= 1 + 1e-9 for r in result["rows"])
+    assert set(result["summary"]) == {"regression", "regression+margin", "path"}
