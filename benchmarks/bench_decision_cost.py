@@ -1,0 +1,106 @@
+"""The selector's decision cost is load-proof: its priced forward seconds (`pipeline.training_data.inference_seconds`,
+the quietest block median of one-thread forwards) measured on a quiet machine and next to another decode, and the
+share of TEST roots whose decision (`decoding.pricing.decide`, argmax Ê / T) stays the same with either price.
+The mean of in-process timings that priced decisions before issue #43 is measured beside it for comparison.
+Writes benchmarks/results/decision_cost.json.
+
+Needs the pipeline's outputs up to stage train (data/collect, artifacts/latency.json, artifacts/selector_torch).
+The load is a second process decoding with the target (`branchpoint decode --method autoregressive`).
+
+    .venv/bin/python -m benchmarks.bench_decision_cost [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results" / "decision_cost.json"
+
+
+def mean_seconds(net, reps: int = 200) -> float:
+    """The estimator issue #43 replaced: the mean of ``reps`` timed forwards at torch's default threads."""
+    import torch
+
+    xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            net(*xs)
+            times.append(time.perf_counter() - t0)
+    return float(np.mean(times))
+
+
+def timings(net) -> dict:
+    from pipeline.training_data import inference_seconds
+
+    return {"robust_seconds": inference_seconds(net), "mean_seconds": mean_seconds(net)}
+
+
+def start_load(params: str) -> subprocess.Popen:
+    """A second process decoding with the target until it is killed (one long autoregressive decode)."""
+    cmd = [sys.executable, "-m", "pipeline.cli", "decode", "--params", params, "--method", "autoregressive",
+           "--max-new-tokens", "100000", "--no-chat-template", "--prompt", "Once upon a time"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    time.sleep(25)  # the model loads, the decode runs
+    if proc.poll() is not None:
+        raise SystemExit(f"bench_decision_cost: the load process exited ({proc.returncode}): {' '.join(cmd)}")
+    return proc
+
+
+def decisions(data, pred, seconds_of_deciding: float, quiet: float) -> np.ndarray:
+    """The choice at every root with the selector's decision cost replaced by ``seconds_of_deciding``."""
+    from decoding.pricing import decide
+
+    return decide(pred, data.cost - quiet + seconds_of_deciding, data.valid_outputs())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    from decoding.files import write_json_atomic
+    from models.selector_network import load_selector
+    from models.selector_training import predict
+    from pipeline.config import load_config
+    from pipeline.training_data import training_data
+
+    cfg = load_config(args.params)
+    missing = [p for p in (cfg.train.out, cfg.collect.out, cfg.profile.out) if not Path(p).exists()]
+    if missing:
+        print(f"bench_decision_cost: skipped, no {', '.join(missing)} (run dvc repro train first)")
+        return 0
+    net, _ = load_selector(cfg.train.out)
+    _, _, _, _, data, priced = training_data(cfg)
+    test = data.subset(data.rows("test"))
+    pred = predict(net, test)
+    quiet = timings(net)
+    proc = start_load(args.params)
+    try:
+        busy = timings(net)
+    finally:
+        proc.kill()
+        proc.wait()
+    base = decisions(test, pred, priced, priced)
+    out = {"test_roots": len(test), "priced_by_train_seconds": priced, "quiet": quiet, "busy": busy}
+    for key in ("robust_seconds", "mean_seconds"):
+        same = float(np.mean(decisions(test, pred, busy[key], priced) == base))
+        out[f"unchanged_with_busy_{key}"] = same
+        print(f"{key}: quiet {quiet[key] * 1e3:.3f} ms, busy {busy[key] * 1e3:.3f} ms; decisions unchanged on "
+              f"{same:.1%} of {len(test)} TEST roots")
+    write_json_atomic(Path(args.out), out)
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
