@@ -32,10 +32,10 @@ import warnings
 import numpy as np
 
 from decoding.actions import Action, ActionSpace
+from decoding.method_names import CHAIN_EQUIVALENT
 
 OT_METHODS = ("nss", "naive_tree", "specinfer", "spectr", "khisti", "naive")
 TIE = 1e-9  # relative difference of mean labels counted as a tie (equal methods, e.g. on depth-1 trees)
-CHAIN_SOURCES = ("naive", "specinfer", "spectr", "naive_tree", "khisti")  # = standard speculative sampling on K=1
 
 
 def families(space: ActionSpace) -> dict[str, list[int]]:
@@ -56,8 +56,9 @@ def families(space: ActionSpace) -> dict[str, list[int]]:
 
 
 def chain_source(methods) -> str | None:
-    """The collected method whose K = 1 labels are standard speculative sampling's (chain decoding)."""
-    return next((m for m in CHAIN_SOURCES if m in methods), None)
+    """The collected method whose K = 1 labels are standard speculative sampling's (chain decoding): the first of
+    `decoding.method_names.CHAIN_EQUIVALENT` (the registry's `chain_equivalent_methods()`) collected."""
+    return next((m for m in CHAIN_EQUIVALENT if m in methods), None)
 
 
 def _nanmean(x: np.ndarray, axis: int | None = None):

@@ -7,8 +7,8 @@ Terms:
   static* action; an exported selector (``auto``: it picks method and action, or restricted to one method).
 - *best static*: the speculating action (tree size >= 1) of the highest path TPS on the TRAIN roots'
   labels with the latency model's step times (`throughput.best_static`; ALGORITHMS.md section 6). The
-  chain's labels are those of a collected OT method on K = 1 chains (standard speculative sampling;
-  `findings.chain_source`).
+  chain's labels are those of a collected method that verifies a chain as naive (standard speculative sampling;
+  `claims.chain_source`, from the registry's `chain_equivalent_methods()`) on K = 1 chains.
 - *adaptive chain* (`ADAPTIVE_CHAIN`): ``naive`` chains whose length follows a moving average of recent
   accepted lengths (`decoding.policy.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
   static length, at most the grid's longest chain.

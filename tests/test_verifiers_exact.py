@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from decoding import METHODS, Action
+from decoding.verifiers import chain_equivalent_methods
 from decoding.exact import (
     TablePair,
     emitted_law,
@@ -29,7 +30,7 @@ from decoding.verifiers.ratios import RatioTable
 
 TOL = 1e-12
 SHAPES = [Action(k, l1, l2) for k in (1, 2, 3) for l1 in range(4) for l2 in range(4 - l1)]
-OT_TO_NAIVE = [n for n, m in METHODS.items() if isinstance(m, OTMethod) and n not in ("nss", "naive")]
+CHAIN_SHAPES = [a for a in SHAPES if a.is_chain and a.tree_size > 0]
 
 
 def _pairs(action: Action) -> list[TablePair]:
@@ -67,15 +68,39 @@ def test_first_three_tokens_exact(name: str) -> None:
             assert err < TOL, f"{name} {action}: 3-token law off by {err:.3g}"
 
 
-@pytest.mark.parametrize("action", [a for a in SHAPES if a.is_chain], ids=str)
-@pytest.mark.parametrize("name", OT_TO_NAIVE)
-def test_k1_reduces_to_naive(name: str, action: Action) -> None:
-    """On chains every OT method's step law equals standard speculative sampling's (nss excepted:
-    it emits y ~ p regardless of the draft, accepting x with p(x) <= min(1, p(x)/q(x)))."""
+def _chain_gaps(name: str, action: Action) -> tuple[float, float]:
+    """Largest difference from naive's, over the pairs and contexts of ``action`` (a chain): of the step law, and
+    of the exact label E[accepted + 1] of each drafted chain."""
+    law_gap = label_gap = 0.0
     for pair in _pairs(action):
         for ctx in ((), (0,), (1,)):
-            err = law_distance(step_law(action, pair, name, ctx), step_law(action, pair, "naive", ctx))
-            assert err < TOL, f"{name} {action} ctx {ctx}: differs from naive by {err:.3g}"
+            law_gap = max(law_gap, law_distance(step_law(action, pair, name, ctx), step_law(action, pair, "naive", ctx)))
+            for tree, _ in enumerate_trees(action, pair, ctx):
+                p_rows = tree_p_rows(tree, pair, ctx)
+                label_gap = max(label_gap, abs(exact_block_efficiency(tree, p_rows, name)
+                                               - exact_block_efficiency(tree, p_rows, "naive")))
+    return law_gap, label_gap
+
+
+@pytest.mark.parametrize("action", CHAIN_SHAPES, ids=str)
+@pytest.mark.parametrize("name", chain_equivalent_methods())
+def test_chain_equivalent_methods_verify_a_chain_as_naive(name: str, action: Action) -> None:
+    """On chains the step law and every chain's label equal standard speculative sampling's (ALGORITHMS.md 3: with
+    one child every OT solver reduces to it)."""
+    law_gap, label_gap = _chain_gaps(name, action)
+    assert law_gap < TOL and label_gap < TOL, f"{name} {action}: differs from naive by {law_gap:.3g} / {label_gap:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(set(METHODS) - set(chain_equivalent_methods())))
+def test_the_other_methods_do_not_verify_chains_as_naive(name: str) -> None:
+    """nss (emits y ~ p, accepting x with p(x) <= min(1, p(x)/q(x))), traversal and bv (Block Verification), gbv
+    (with K = 1, Block Verification) each differ from naive on some chain, in law and in labels."""
+    gaps = [_chain_gaps(name, a) for a in CHAIN_SHAPES]
+    assert max(g[0] for g in gaps) > 1e-3 and max(g[1] for g in gaps) > 1e-3, (name, gaps)
+
+
+def test_chain_equivalent_methods_are_registered():
+    assert set(chain_equivalent_methods()) <= set(METHODS) and "naive" in chain_equivalent_methods()
 
 
 @pytest.mark.parametrize("name", sorted(n for n, m in METHODS.items() if m.exact_block_efficiency))

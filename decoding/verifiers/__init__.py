@@ -6,7 +6,7 @@ import numpy as np
 
 from ..tree import DistFn, DraftTree, target_rows
 from .base import OTSolver, VerificationMethod, VerifyResult
-from .registry import METHODS, get_method
+from .registry import METHODS, chain_equivalent_methods, get_method
 
 
 def verify(tree: DraftTree, target: DistFn | np.ndarray, method: str | VerificationMethod,
@@ -22,4 +22,5 @@ def verify(tree: DraftTree, target: DistFn | np.ndarray, method: str | Verificat
     return VerifyResult(tokens=tokens, accepted_nodes=tuple(int(i) for i in accepted))
 
 
-__all__ = ["METHODS", "OTSolver", "VerificationMethod", "VerifyResult", "get_method", "verify"]
+__all__ = ["METHODS", "OTSolver", "VerificationMethod", "VerifyResult", "chain_equivalent_methods", "get_method",
+           "verify"]

@@ -22,6 +22,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from ..errors import UserInputError
+from ..method_names import CHAIN_EQUIVALENT, METHOD_NAMES
 from ..tree import DraftTree
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
@@ -118,10 +119,21 @@ def _build() -> dict[str, VerificationMethod]:
                        union_fn=partial(delayed_traversal_labels, chains_only=True)),
         GBVMethod(),
     ]
-    return {m.name: m for m in methods}
+    registry = {m.name: m for m in methods}
+    if tuple(registry) != METHOD_NAMES:
+        raise RuntimeError(f"decoding/method_names.py lists {METHOD_NAMES}, the registry builds {tuple(registry)}")
+    return registry
 
 
 METHODS: dict[str, VerificationMethod] = _build()
+
+
+def chain_equivalent_methods() -> tuple[str, ...]:
+    """The methods that verify a chain (K = 1) exactly as standard speculative sampling (`naive`) does, so their
+    chain labels are naive's: every OT-based method but nss (ALGORITHMS.md 3); not traversal, bv or gbv (Block
+    Verification on a chain). Declared once, light, in `decoding.method_names.CHAIN_EQUIVALENT` (config validation
+    reads it without loading the verifiers); proved in tests/test_verifiers_exact.py."""
+    return CHAIN_EQUIVALENT
 
 
 def get_method(method: str | VerificationMethod) -> VerificationMethod:

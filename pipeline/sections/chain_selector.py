@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# OT verifiers: on a chain (one child per node) each is standard speculative sampling, i.e. naive (ALGORITHMS.md 3.1);
-# Traversal and GBV verify a chain as Block Verification and nss samples y ~ p, so their chain labels are not naive's
-NAIVE_ON_CHAINS = ("specinfer", "naive_tree", "spectr", "khisti")
+# the methods that verify a chain as naive (the registry's chain_equivalent_methods(), declared without the verifiers)
+from decoding.method_names import CHAIN_EQUIVALENT
 
 
 @dataclass
@@ -21,8 +20,8 @@ class ChainSelectorConfig:
     registered_model: str = "branchpoint-chain-selector"  # MLflow registered model ('' = log, do not register)
 
     def validate(self) -> None:
-        if self.method not in NAIVE_ON_CHAINS:
-            raise ValueError(f"method must be one of {', '.join(NAIVE_ON_CHAINS)} (verified as naive on a chain), "
+        if self.method not in CHAIN_EQUIVALENT:
+            raise ValueError(f"method must be one of {', '.join(CHAIN_EQUIVALENT)} (verified as naive on a chain), "
                              f"not {self.method!r}")
         for name in ("train_out", "out", "metrics"):
             if not getattr(self, name):
