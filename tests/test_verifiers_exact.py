@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from decoding import METHODS, Action
-from decoding.verifiers import chain_equivalent_methods
 from decoding.exact import (
     TablePair,
     emitted_law,
@@ -25,6 +24,7 @@ from decoding.exact import (
     tree_p_rows,
 )
 from decoding.tree import DraftTree, children_lists
+from decoding.verifiers import chain_equivalent_methods
 from decoding.verifiers.ot import OTMethod, spectr_params
 from decoding.verifiers.ratios import RatioTable
 
