@@ -1,4 +1,8 @@
-"""``branchpoint info``: the resolved config, library versions, the device, and the loaded pair."""
+"""``branchpoint info``: the resolved config, library versions, the device, and the loaded pair.
+
+``--layout`` prints the code base's counts instead (`pipeline/layout.py`); ``python -m pipeline.info --layout``
+prints them with no params file.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ PACKAGES = ["torch", "transformers", "pytorch-lightning", "datasets", "mlflow", 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-models", action="store_true", help="skip loading the model pair")
+    parser.add_argument("--layout", action="store_true",
+                        help="print modules and lines per package, the functions with the most parameters and the "
+                             "function-local imports (pipeline/layout.py), and nothing else")
 
 
 def versions() -> dict[str, str]:
@@ -39,7 +46,16 @@ def print_prompt_summary(cfg) -> None:
     print(f"prompts: {len(prompts)} total; by split and source: {json.dumps(counts)}")
 
 
+def print_layout() -> int:
+    from pipeline.layout import format_layout, layout
+
+    print(format_layout(layout()))
+    return 0
+
+
 def run(cfg, args) -> int:
+    if args.layout:
+        return print_layout()
     import torch
 
     from models.loading import load_pair, resolve_device
@@ -59,3 +75,10 @@ def run(cfg, args) -> int:
     print(f"pair loaded in {time.perf_counter() - start:.1f} s:")
     print(json.dumps(pair.describe(), indent=2))
     return 0
+
+
+if __name__ == "__main__":  # python -m pipeline.info --layout: the counts alone, no params file
+    cli = argparse.ArgumentParser(prog="python -m pipeline.info", description="the code base's counts")
+    cli.add_argument("--layout", action="store_true", required=True, help="print the counts (pipeline/layout.py)")
+    cli.parse_args()
+    raise SystemExit(print_layout())
