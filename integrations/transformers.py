@@ -16,7 +16,7 @@ Pieces:
   processors (the ``scores`` of ``update_candidate_strategy``), the context length, the sampling settings and a
   latency profile of this machine (`export.runtime.SelectorRuntime`).
 - `AssistantDrafter`: the draft. Any module with the HF causal-LM call convention (``model(input_ids=,
-  position_ids=, cache=, use_cache=)`` -> ``.logits``) sharing the target's vocabulary: an HF assistant model,
+  position_ids=, cache= or past_key_values= as its forward names it, use_cache=)`` -> ``.logits``) sharing the target's vocabulary: an HF assistant model,
   or the project's self-draft (`integrations.assistant.self_draft_assistant`), so the default pair works. Its q rows go through the
   same logits processors as the target's, so speculative sampling compares the distributions it samples from.
 - `branchpoint_generate(model, inputs, selector=..., assistant=..., **generate_kwargs)`: the entry point; it calls
@@ -50,6 +50,7 @@ from decoding.lookup import MAX_NGRAM, propose
 from decoding.sampling import Sampling
 from export.policies import build_policy
 from export.runtime import SelectorRuntime, read_sidecar
+from models.hf_compat import cache_kwargs
 
 CHAIN = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
 HOOKS = ("_assisted_decoding", "_get_candidate_generator")  # the private names of transformers used here
@@ -122,7 +123,8 @@ class AssistantDrafter:
         device = self.assistant.get_input_embeddings().weight.device
         positions = torch.arange(start, start + ids.shape[1], device=device)[None]
         with torch.no_grad():
-            out = self.assistant(input_ids=ids.to(device), position_ids=positions, cache=self.cache, use_cache=True)
+            out = self.assistant(input_ids=ids.to(device), position_ids=positions, use_cache=True,
+                                 **cache_kwargs(self.assistant, self.cache))
         self.forwards += 1
         self.cached = torch.cat([self.cached, ids[0].cpu()])
         return out.logits[0, -1].float()

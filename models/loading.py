@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from models.hf_compat import require_transformers
 from models.placement import DEVICE_MAPS, ModelLoadError, check_device_map, check_dtype_name  # noqa: F401  (re-exported)
 
 EMBEDDED_MODELS = {
@@ -199,6 +200,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     activations between devices (the KV cache of each layer stays on that layer's device)."""
     from transformers import AutoModelForCausalLM
 
+    require_transformers()  # an older transformers: one line naming the version needed, not a failure mid-step
     check_device_map(device_map)
     folder = resolve_model_folder(spec, cache_dir)
     extra = {} if device_map is None else {"device_map": device_map}

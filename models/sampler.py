@@ -25,6 +25,7 @@ from torch import nn
 
 from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
 from decoding.sampling import Sampling, draw
+from models.hf_compat import cache_kwargs
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _sample_batch(model, rows: list[Row], max_new: int, eos: set[int], pad: int,
     step_in, length = ids, width
     for _ in range(max_new):
         logits = model(input_ids=step_in, attention_mask=mask[:, :length], position_ids=pos,
-                       cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+                       use_cache=True, logits_to_keep=1, **cache_kwargs(model, cache)).logits[:, -1]  # [b, V]
         probs = to_numpy_rows(transform_logits(logits, sampling))  # [b, V] float64
         nxt = [pad if done[r] else int(draw(probs[r], rngs[r])[0, 0]) for r in range(b)]
         active = [r for r in range(b) if not done[r]]

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from decoding.errors import UserInputError
+from models.hf_compat import cache_kwargs
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -206,9 +207,9 @@ class SelfDraft(nn.Module):
         lean = self._lean_layers(h)
         if lean is not None:
             return lean(h, pos_emb, mask, cache if use_cache else None)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=use_cache,
-                      position_embeddings=pos_emb)
+        for layer in self.layers:  # the cache under the keyword this transformers' layers read (5.17 vs 5.25)
+            h = layer(h, attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
+                      position_embeddings=pos_emb, **cache_kwargs(layer, cache))
         return h
 
     def _lean_layers(self, h: torch.Tensor):

@@ -57,3 +57,45 @@ def test_the_hf_draft_folder_is_the_targets_first_layers(tmp_path, monkeypatch):
         gpu_smoke.make_hf_folders(tmp_path / "other", 3, tmp_path / "cache")
     with torch.no_grad():
         assert torch.isfinite(d(input_ids=torch.tensor([[5, 6, 7]])).logits).all()
+
+
+def _tiny_source(tmp_path, monkeypatch):
+    from tiny_models import save_tiny_model
+
+    source = save_tiny_model(tmp_path / "source", 3, seed=0)
+    monkeypatch.setattr("models.loading.resolve_model_folder", lambda spec, cache_dir: source)
+    return source
+
+
+def test_the_self_draft_run_defaults_to_a_tiny_bf16_target_on_cpu(tmp_path, monkeypatch):
+    """The CPU twin's self-draft run: the tiny target in bfloat16 (HF's decoder layers, not the lean path), the
+    preset's self-draft (no model.draft flag), its shape for a 2-layer target; on CUDA the SmolLM2 target in DTYPE."""
+    from transformers import AutoModelForCausalLM
+
+    _tiny_source(tmp_path, monkeypatch)
+    plans = gpu_smoke.run_plans(gpu_smoke.parse_args(["--device", "cpu", "--dtype", "float32", "--draft-layers", "2"]),
+                                tmp_path / "m",
+                                tmp_path / "cache")
+    assert list(plans) == ["hf_draft", "self_draft"]
+    pair, flags = plans["self_draft"]
+    sets = dict(flags[i + 1].split("=", 1) for i in range(0, len(flags), 2))
+    assert pair["dtype"] == sets["model.dtype"] == "bfloat16" and "model.draft" not in sets
+    assert sets["model.target"] == f"hf:{tmp_path / 'm' / 'tiny'}" and sets["train_draft.layers"] == "1"
+    assert dict(f.split("=", 1) for f in plans["hf_draft"][1][1::2])["model.dtype"] == "float32"
+    tiny = AutoModelForCausalLM.from_pretrained(tmp_path / "m" / "tiny")
+    assert tiny.config.num_hidden_layers == 2 and (tmp_path / "m" / "tiny" / "tokenizer.json").is_file()
+    args = gpu_smoke.parse_args(["--device", "cuda", "--runs", "self_draft", "--draft-layers", "2"])
+    pair, flags = gpu_smoke.run_plans(args, tmp_path / "m", tmp_path / "cache")["self_draft"]
+    assert pair["dtype"] == "bfloat16" and f"model.target=hf:{tmp_path / 'm' / 'target'}" in flags
+    with pytest.raises(SystemExit, match="unknown run"):
+        gpu_smoke.run_plans(gpu_smoke.parse_args(["--runs", "self"]), tmp_path / "m", tmp_path / "cache")
+
+
+def test_ar_vs_generate_reports_both_loops(tmp_path, monkeypatch, one_thread):
+    from benchmarks.smoke_ar import ar_vs_generate
+
+    source = _tiny_source(tmp_path, monkeypatch)
+    r = ar_vs_generate(source, torch.device("cpu"), torch.float32, tokens=4, rounds=1)
+    assert r["ours_tokens_per_second"] > 0 and r["generate_tokens_per_second"] > 0
+    assert r["engine_host_overhead_ms_per_step"] == pytest.approx(r["ours_ms_per_token"] - r["generate_ms_per_token"])
+    assert isinstance(r["same_tokens"], bool)

@@ -197,3 +197,55 @@ def test_greedy_identity_on_the_embedded_pair_in_bfloat16():
     assert _first_divergence_is_a_near_tie(target, torch.bfloat16, prompt, ar, sp.tokens), (ar, sp.tokens)
     assert sp.stats.steps < len(ar)
     print(f"bf16 SmolLM2: identical {sp.tokens == ar}, {sp.stats.steps} target passes for {len(ar)} tokens")
+
+
+@pytest.fixture(scope="module")
+def half_self_draft(half_pair):
+    """The default draft's kind over the pair's target: a `SelfDraft` (2 shared layers, a non-trivial adapter and
+    bias) in the pair's dtype, on the HF decoder layers (the lean path runs CPU float32 only; ``lean`` off too)."""
+    from models.self_draft import SelfDraft, SelfDraftConfig
+
+    target, _, dtype = half_pair
+    torch.manual_seed(0)
+    draft = SelfDraft(target, SelfDraftConfig(layers=2, adapter_width=16, vocab_subset_size=0))
+    with torch.no_grad():
+        draft.adapter.down.weight.normal_(0, 0.05)
+        draft.head.bias.normal_(0, 0.3)
+    draft.lean = False
+    assert draft.dtype == dtype
+    return draft.eval()
+
+
+@torch.inference_mode()
+def test_self_draft_on_hf_layers_fills_its_cache(half_pair, half_self_draft):
+    """The HF layers get the cache under the keyword their transformers version reads (5.17 ``past_key_values``,
+    5.25 ``cache``): a cached forward fills it, and incremental logits match a full forward."""
+    from transformers import DynamicCache
+
+    _, _, dtype = half_pair
+    ids = torch.tensor([[5, 9, 33, 12, 7, 40, 41]])
+    full = half_self_draft(input_ids=ids, use_cache=False).logits[0].float().softmax(-1)  # [7, V]
+    cache = DynamicCache()
+    half_self_draft(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 5
+    inc = [half_self_draft(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+           for i in (5, 6)]
+    assert cache.get_seq_length() == 7
+    worst = max(float((row.float().softmax(-1) - full[i]).abs().max()) for row, i in zip(inc, (5, 6), strict=True))
+    assert worst < PROB_TOL[dtype], f"{dtype}: cached self-draft rows differ from a full forward by {worst:.2e}"
+
+
+@pytest.mark.parametrize("method", ["traversal", "naive"])
+def test_greedy_identity_with_the_self_draft_on_hf_layers(half_pair, half_self_draft, greedy_runs, method):
+    """The engine decodes with the self-draft in half precision on the HF-layer path (a GPU user's default draft,
+    which failed at its first step on transformers 5.17: its layers never filled the cache): greedy identity as
+    for `test_greedy_identity_for_every_method`."""
+    target, _, dtype = half_pair
+    action = Action(1, 1, 3) if method in CHAIN_ONLY else Action(2, 1, 2)
+    identical = 0
+    for prompt, ar in greedy_runs:
+        sp = generate(target, half_self_draft, prompt, 24, method=method, policy=action, sampling=Sampling(0.0))
+        assert len(sp.tokens) == len(ar)
+        assert _first_divergence_is_a_near_tie(target, dtype, prompt, ar, sp.tokens), (method, ar, sp.tokens)
+        identical += sp.tokens == ar
+    assert identical >= 1, f"{method} {dtype}: no run identical to autoregressive"

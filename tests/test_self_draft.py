@@ -25,6 +25,7 @@ from models.draft_training import (
     rank_vocabulary,
 )
 from models.fast_path import PackedLinear
+from models.hf_compat import cache_kwargs
 from models.sampler import Row, sample_continuations
 from models.self_draft import SelfDraft, SelfDraftConfig, SelfDraftError, load_self_draft, save_self_draft
 from pipeline.sections.train_draft import TrainDraftConfig
@@ -182,7 +183,7 @@ def incremental_records(target, prompt, cont, layer, top_k):
     cache, rows, step = DynamicCache(), [], torch.tensor([prompt])
     try:
         for tok in cont:
-            logits = target(input_ids=step, cache=cache, use_cache=True).logits[0, -1]
+            logits = target(input_ids=step, use_cache=True, **cache_kwargs(target, cache)).logits[0, -1]
             top_lp, top_id = torch.log_softmax(logits, -1).topk(top_k)
             rows.append((captured[-1][0].half(), top_id, top_lp))
             step = torch.tensor([[tok]])
