@@ -95,7 +95,7 @@ def params(tmp_path_factory):
         f"export:\n  out: {root / 'selector'}\n"
         f"tracking:\n  uri: sqlite:///{root / 'mlflow.db'}\n  experiment: eval-test\n"
         "evaluate:\n  prompts: 2\n  seeds: [0, 1]\n  max_new_tokens: 8\n  methods: [specinfer, gbv]\n"
-        "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n  chain: true\n"
+        "  selector_methods: [traversal, gbv]\n  bootstrap: 200\n  chain: true\n  threshold_chain: true\n"
         "  tune_prompts: 3\n  tune_max_new_tokens: 6\n  tune_lengths: [1, 3]\n  tune_thresholds: [0.0, 1.0]\n"
         "  lookup_lengths: [1, 2]\n  lookup_min_ngrams: [1]\n  lookup_tune_max_new_tokens: 6\n"
         f"  train_metrics: {root / 'train.json'}\n  metrics: {root / 'out/evaluate.json'}\n"
