@@ -93,6 +93,7 @@ def distill_terms(draft: SelfDraft, pos_in_subset: torch.Tensor, hidden, top_ids
     uniformly from S \\ U, whose exp-logits are scaled by ``|S \\ U| / r`` in the normalizer (an unbiased
     estimate of its tail).
     """
+    hidden = hidden.to(draft.dtype)  # records hold float16 rows, read as float32; a bf16 draft's adapter is bf16
     pos = pos_in_subset[top_ids]  # [b, K], index in S or -1 outside S
     valid = pos >= 0
     n_subset = draft.vocab_subset.numel()
