@@ -105,27 +105,31 @@ class SpeculativeDecoder:
             state.p_prev, state.h_p_prev = self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
         return state
 
-    def draft_root(self, state: DecodeState, sampling: Sampling, hidden: bool
+    def draft_root(self, state: DecodeState, sampling: Sampling, hidden: bool, prev: bool = True
                    ) -> tuple[np.ndarray, np.ndarray | None]:
         """The draft processes its pending tokens (ending with the root): returns ``(q_root, h_q_root)`` and
-        refreshes ``state.q_prev`` / ``h_q_prev`` when the token before the root was pending too."""
+        refreshes ``state.q_prev`` / ``h_q_prev`` when the token before the root was pending too. ``prev=False``:
+        no features will read them this step, so that row stays on the device (they are cleared instead; the step's
+        pruning or the next root step sets them again)."""
         kv, pending = state.kv_d, state.pending
         if kv is None:
             raise UserInputError("this step drafts a tree but the decoder has no draft model")
         start = len(kv)
         logits, h = forward_nodes(kv, pending, list(range(start, start + len(pending))),
                                   causal_allowed(start, len(pending)), hidden, last=2)
-        if len(pending) >= 2:
+        if len(pending) >= 2 and prev:
             state.q_prev, state.h_q_prev = self._rows(logits[-2], sampling), hidden_numpy(h[-2] if hidden else None)
+        elif len(pending) >= 2:
+            state.q_prev = state.h_q_prev = None
         state.pending = []
         return self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
 
     def _draft_root_timed(self, state: DecodeState, sampling: Sampling, hidden: bool, stats: DecodeStats,
-                          clock: Timer) -> tuple[np.ndarray, np.ndarray | None, float]:
+                          clock: Timer, prev: bool = True) -> tuple[np.ndarray, np.ndarray | None, float]:
         """`draft_root`, its seconds added to the draft's; the third value is those seconds when this was the draft's
         first forward (its prefill over the prompt), else 0."""
         first = state.kv_d is not None and len(state.kv_d) == 0
-        q_root, h_q_root = self.draft_root(state, sampling, hidden)
+        q_root, h_q_root = self.draft_root(state, sampling, hidden, prev)
         seconds = clock.lap()
         stats.time_draft += seconds
         if first:
@@ -159,8 +163,8 @@ class SpeculativeDecoder:
             tree = proposal_tree(choice.proposal, self.vocab_size)
         elif action.tree_size:
             check_supported(verifier, action)
-            if root_step[0] is None:
-                *root_step, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock)
+            if root_step[0] is None:  # no features this step: the row before the root is not needed
+                *root_step, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock, prev=False)
             args = (state.kv_d, len(state.kv_d) - 1, root_step[0])
             if choice.stop_below is None:
                 drafted = draft_tree(*args, action, sampling, self.vocab_size, rng, hidden, root_step[1])

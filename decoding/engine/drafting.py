@@ -70,7 +70,7 @@ def draft_layout(kv: KVState, root_slot: int, q_root: np.ndarray, parents: np.nd
     forwards = 0
     for d in range(1, int(depths.max(initial=0)) + 1):
         nodes = np.flatnonzero(depths == d)  # [m] nodes at depth d, in node order
-        tokens[nodes] = draw(q_rows[parents[nodes]], rng, 1)[:, 0]
+        tokens[nodes] = draw_children(q_rows, parents[nodes], rng)
         fed = nodes[has_child[nodes]]  # [f] nodes whose children are drawn next
         if fed.shape[0] == 0:
             continue
@@ -91,6 +91,17 @@ def draft_layout(kv: KVState, root_slot: int, q_root: np.ndarray, parents: np.nd
             h_np = hidden_numpy(h)  # [f, H]
             hid.update({int(node): h_np[r] for r, node in enumerate(fed)})
     return DraftedLayout(tokens, q_rows, node_slots, hid, forwards)
+
+
+def draw_children(q_rows: np.ndarray, parents: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per node from its parent's row, ``parents`` ``[m]`` in node order: the same draws as
+    ``draw(q_rows[parents], rng, 1)[:, 0]`` (one uniform per node, in node order), but siblings next to each other
+    share their parent's row and its cumulative sum (K rollouts cost one pass over the row, not K)."""
+    bounds = np.flatnonzero(np.diff(parents)) + 1  # where a run of siblings ends
+    if bounds.shape[0] + 1 == parents.shape[0]:  # no two siblings: one draw over all rows
+        return draw(q_rows[parents], rng, 1)[:, 0]
+    runs = np.split(np.arange(parents.shape[0]), bounds)
+    return np.concatenate([draw(q_rows[parents[run[0]]][None], rng, run.shape[0])[0] for run in runs])
 
 
 def draft_tree(kv: KVState, root_slot: int, q_root: np.ndarray, action: Action, sampling: Sampling,

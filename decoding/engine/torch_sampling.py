@@ -23,7 +23,8 @@ def transform_logits(logits: torch.Tensor, sampling: Sampling, vocab_size: int |
     if sampling.greedy:
         out = torch.zeros_like(logits)
         return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)  # [..., V]
+    # x / 1.0 == x exactly: at T = 1 the division (a copy of every row) is skipped
+    probs = torch.softmax(logits if sampling.temperature == 1 else logits / sampling.temperature, dim=-1)  # [..., V]
     if sampling.top_p < 1.0:
         # stable sort: equal probabilities keep token-id order
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -36,9 +37,16 @@ def transform_logits(logits: torch.Tensor, sampling: Sampling, vocab_size: int |
 
 
 def to_numpy_rows(probs: torch.Tensor) -> np.ndarray:
-    """Probability rows as float64 numpy, renormalized in float64 (verifiers check sums to 1e-5)."""
-    rows = probs.detach().to(dtype=torch.float64).cpu().numpy()
-    return rows / rows.sum(axis=-1, keepdims=True)
+    """Probability rows as float64 numpy, renormalized in float64 (verifiers check sums to 1e-5).
+
+    The rows leave the device in their own dtype (float32: half the bytes of float64) and are widened on the host,
+    the same values as widening on the device; the renormalization divides the fresh copy in place."""
+    probs = probs.detach()
+    if probs.dtype not in (torch.float32, torch.float64):
+        probs = probs.float()
+    rows = probs.cpu().numpy().astype(np.float64)  # a copy: the caller's tensor is never written
+    rows /= rows.sum(axis=-1, keepdims=True)
+    return rows
 
 
 def prob_rows(logits: torch.Tensor, sampling: Sampling, vocab_size: int) -> np.ndarray:
