@@ -66,13 +66,15 @@ test-all: setup
 # The lowest transformers we support, tested: pyproject's floor installed WITHOUT its dependencies into an overlay
 # (.cache/transformers-floor, first on PYTHONPATH) beside the venv's newer release, with the few packages the floor
 # needs in other majors than the venv's (huggingface_hub 1.x and the httpx it imports); then the engine, self-draft,
-# half-precision (a bf16 self-draft decode on the HF layers), loading and floor tests on it. About 2 minutes on 2
-# cores. (torch: pyproject's floor is the one build we test, 2.13; another would pull a multi-GB wheel.)
+# half-precision (a bf16 self-draft decode on the HF layers; SmolLM2 in bf16), loading (the embedded GGUF), generate()
+# integration and floor tests on it (all but the slow ones).
+# 161 s of tests on 2 cores shared by other jobs (load about 5). (torch: pyproject's floor is the one build we test,
+# 2.13; another would pull a multi-GB wheel.)
 TRANSFORMERS_FLOOR := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 FLOOR := .cache/transformers-floor
 FLOOR_COMPANIONS := huggingface_hub==1.33.0 httpx==0.28.1 httpcore==1.0.9
 FLOOR_TESTS := tests/test_transformers_floor.py tests/test_self_draft.py tests/test_half_precision.py \
-  tests/test_engine_generate.py tests/test_engine_tree_pass.py tests/test_loading.py
+  tests/test_engine_generate.py tests/test_engine_tree_pass.py tests/test_loading.py tests/test_integration_transformers.py
 $(FLOOR)/.installed-$(TRANSFORMERS_FLOOR): pyproject.toml
 	rm -rf $(FLOOR)
 	$(BIN)/pip install -q --no-deps --target $(FLOOR) transformers==$(TRANSFORMERS_FLOOR) $(FLOOR_COMPANIONS)
@@ -80,7 +82,7 @@ $(FLOOR)/.installed-$(TRANSFORMERS_FLOOR): pyproject.toml
 
 test-floor: setup $(FLOOR)/.installed-$(TRANSFORMERS_FLOOR)
 	BRANCHPOINT_EXPECT_TRANSFORMERS=$(TRANSFORMERS_FLOOR) PYTHONPATH=$(FLOOR) \
-	  $(BIN)/pytest -q -m "not slow and not integration" -p no:cacheprovider $(FLOOR_TESTS)
+	  $(BIN)/pytest -q -m "not slow" -p no:cacheprovider $(FLOOR_TESTS)
 
 print-transformers-floor:
 	@echo $(TRANSFORMERS_FLOOR)
