@@ -184,7 +184,9 @@ class Returns(Policy):
 @pytest.mark.parametrize("answer, match", [
     ("Choice(Action(1, 2, 0), proposal=(4, 5, 6))", "proposal of 3 tokens is the chain 1,3,0, not 1,2,0"),
     ("Choice(Action(1, 2, 0), proposal=(4, 5), stop_below=0.5)", "not both"),
-    ("Choice(Action(2, 1, 1), stop_below=0.5)", "stop_below drafts a chain"),
+    ("Choice(Action(2, 1, 1), stop_below=0.5)", "stop_below drafts the chain"),
+    # a chain by is_chain (K = 1), but the stop rule drafts L1 tokens only: 1,2,1 would draft 2 of its 3 (issue #47)
+    ("Choice(Action(1, 2, 1), stop_below=0.5)", "stop_below drafts the chain 1,L1,0"),
     ("(1, 2, 0)", "not an Action or a Choice"),
 ])
 def test_the_decoder_rejects_an_inconsistent_choice_naming_the_policy(pair, answer, match):

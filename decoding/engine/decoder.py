@@ -276,8 +276,9 @@ def _as_choice(policy: Policy, choice) -> Choice:
         if choice.action != Action(1, len(choice.proposal), 0):
             raise ValueError(f"policy {name}: a proposal of {len(choice.proposal)} tokens is the chain "
                              f"1,{len(choice.proposal)},0, not {choice.action}")
-    if choice.stop_below is not None and not choice.action.is_chain:
-        raise ValueError(f"policy {name}: stop_below drafts a chain (K = 1, L2 = 0), not {choice.action}")
+    if choice.stop_below is not None and (choice.action.K, choice.action.L2) != (1, 0):
+        # the stop rule drafts up to L1 tokens; an is_chain action such as 1,2,1 (3 tokens) would lose its L2
+        raise ValueError(f"policy {name}: stop_below drafts the chain 1,L1,0 (up to L1 tokens), not {choice.action}")
     return choice
 
 
