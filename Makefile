@@ -56,9 +56,11 @@ main: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/branchpoint publish --remote $(DVC_REMOTE)
 	$(BIN)/branchpoint decode --selector artifacts/selector --lookup 4
 
-# Fast suite (CI): everything but tests marked slow.
+# Fast suite (CI, the README's test command): everything but tests marked slow, then the focused tests on the
+# lowest supported transformers (test-floor).
 test: setup
 	$(BIN)/pytest -m "not slow" -q
+	$(MAKE) test-floor
 
 test-all: setup
 	$(BIN)/pytest -q
