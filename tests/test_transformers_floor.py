@@ -39,8 +39,10 @@ def test_the_overlay_imports_the_release_ci_expects():
 def test_pyproject_and_makefile_declare_the_tested_floor():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.findall(r'"transformers>=([0-9.]+)"', pyproject) == [TRANSFORMERS_FLOOR]
-    floor = subprocess.run(["make", "-s", "-C", str(ROOT), "print-transformers-floor"], capture_output=True,
-                           text=True, check=True).stdout.strip()
+    # run from `make test` (a recursive make), MAKEFLAGS would add "Entering directory" lines: a clean make
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    floor = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), "print-transformers-floor"],
+                           capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert floor == TRANSFORMERS_FLOOR
 
 
