@@ -7,19 +7,15 @@
 - *the cache keyword*: the keyword under which a module's ``forward`` takes the KV cache. transformers 5.25
   renamed it ``cache`` (models and decoder layers); 5.17 takes ``past_key_values``; releases before 4.56 named
   a decoder layer's ``past_key_value``. Every layer's ``forward`` also takes ``**kwargs``, so a cache passed
-  under the wrong name is silently dropped and never filled. `cache_keyword` reads the signature once per class.
+  under the wrong name is silently dropped and never filled. `cache_keyword` reads the signature once per class
+  (the engine's own probe, `decoding.engine.cache.declared_cache_kwarg`).
 """
 
 from __future__ import annotations
 
-import inspect
-
 from decoding.errors import UserInputError
 
 TRANSFORMERS_FLOOR = "5.17.0"
-CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # newest first
-
-_KEYWORD: dict[type, str] = {}
 
 
 class UnsupportedTransformersError(UserInputError):
@@ -51,16 +47,16 @@ def require_transformers(version: str | None = None) -> None:
 
 
 def cache_keyword(module) -> str:
-    """The keyword of `CACHE_KEYWORDS` under which ``module.forward`` takes the KV cache (read once per class)."""
-    cls = type(module)
-    if cls not in _KEYWORD:
-        params = inspect.signature(module.forward).parameters
-        found = next((k for k in CACHE_KEYWORDS if k in params), None)
-        if found is None:
-            raise TypeError(f"{cls.__name__}.forward takes the KV cache under none of {', '.join(CACHE_KEYWORDS)}; "
-                            f"transformers>={TRANSFORMERS_FLOOR} layers and models take one of them")
-        _KEYWORD[cls] = found
-    return _KEYWORD[cls]
+    """The keyword under which ``module.forward`` takes the KV cache (`decoding.engine.cache.declared_cache_kwarg`);
+    a forward that names none of them is an error here, where a cache must reach HF's layers."""
+    # imported at first use: it loads torch and transformers
+    from decoding.engine.cache import CACHE_KEYWORDS, declared_cache_kwarg
+
+    found = declared_cache_kwarg(module)
+    if found is None:
+        raise TypeError(f"{type(module).__name__}.forward takes the KV cache under none of "
+                        f"{', '.join(CACHE_KEYWORDS)}; transformers>={TRANSFORMERS_FLOOR} layers and models take one")
+    return found
 
 
 def cache_kwargs(module, cache) -> dict:

@@ -21,17 +21,25 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-_CACHE_KWARG: dict[type, str] = {}
+CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # newest first (5.25, 5.17, decoder layers < 4.56)
+
+_CACHE_KWARG: dict[type, str | None] = {}
 _KEEPS_LOGITS: dict[type, bool] = {}
 
 
-def cache_kwarg(model: torch.nn.Module) -> str:
-    """``"cache"`` when ``model.forward`` takes it (transformers >= 5), else ``"past_key_values"``."""
-    cls = type(model)
+def declared_cache_kwarg(module: torch.nn.Module) -> str | None:
+    """The first of `CACHE_KEYWORDS` that ``module.forward`` names, None when it names none (read once per class).
+    A name matters: HF forwards also take ``**kwargs``, where a cache under the wrong name is silently dropped."""
+    cls = type(module)
     if cls not in _CACHE_KWARG:
-        params = inspect.signature(model.forward).parameters
-        _CACHE_KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+        params = inspect.signature(module.forward).parameters
+        _CACHE_KWARG[cls] = next((k for k in CACHE_KEYWORDS if k in params), None)
     return _CACHE_KWARG[cls]
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """`declared_cache_kwarg`, else ``"past_key_values"`` (the older convention, e.g. a forward of ``**kwargs``)."""
+    return declared_cache_kwarg(model) or "past_key_values"
 
 
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
