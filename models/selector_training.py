@@ -91,11 +91,17 @@ def regression_loss(pred, E, se, valid, weighting: str = "none", se_floor: float
     return err.sum() / mask.sum().clamp_min(1)
 
 
-def policy_tps(pred, E, cost, valid, beta) -> torch.Tensor:
-    """``[B]`` TPS_pi(c) of the softmax policy over ``beta * log(softplus_20(pred) / cost)``."""
+def softmax_policy(pred, E, cost, valid, beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pi, mask)``: the policy ``softmax(beta * log(softplus_20(pred) / cost))`` over the outputs with a finite
+    label (``mask``), both ``[B, O]``."""
     mask = torch.isfinite(E) & valid
     logits = beta * (torch.log(F.softplus(pred, beta=20.0)) - torch.log(cost))
-    pi = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)  # [B, O]
+    return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1), mask
+
+
+def policy_tps(pred, E, cost, valid, beta) -> torch.Tensor:
+    """``[B]`` TPS_pi(c) of the `softmax_policy`."""
+    pi, _ = softmax_policy(pred, E, cost, valid, beta)
     return (pi * torch.nan_to_num(E)).sum(-1) / (pi * cost).sum(-1)
 
 
@@ -110,9 +116,7 @@ def throughput_loss(pred, E, cost, base, valid, beta, lam: float, alpha: float) 
 def path_loss(pred, E, cost, base, valid, beta) -> torch.Tensor:
     """The ``path`` objective (module docstring): the softmax policy's expected time per token summed over the
     batch, over the best static's; ``base`` ``[B]`` is TPS_base(c)."""
-    mask = torch.isfinite(E) & valid
-    logits = beta * (torch.log(F.softplus(pred, beta=20.0)) - torch.log(cost))
-    pi = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)  # [B, O]
+    pi, mask = softmax_policy(pred, E, cost, valid, beta)
     per_token = torch.where(mask, cost / torch.nan_to_num(E, nan=1.0).clamp_min(1e-6), torch.zeros_like(cost))
     return (pi * per_token).sum() / (1.0 / base).sum()
 
