@@ -100,19 +100,13 @@ def margin_choice(pred, cost, valid, a_static: int, margin: float) -> np.ndarray
     return np.where(keep, a_static, choice)
 
 
-def _path_ratios(data, fit, choice: np.ndarray, valid) -> dict:
-    from decoding import throughput
+def _test_row(pred, data, fit, valid, choice=None) -> dict:
+    """`KEYS` of the selector's report on ``data`` (`models.selector_eval.evaluate`), by its own decision or
+    ``choice``."""
+    from models.selector_eval import evaluate
 
-    E = np.where(valid, data.labels.astype(np.float64), np.nan)
-    E_fit = np.where(valid, fit.labels.astype(np.float64), np.nan)
-    a_static = throughput.best_static(E_fit, fit.cost_static)
-    n = len(data)
-    sel = throughput.path_tps(E, data.cost, choice)
-    return {"selector_vs_best_static": sel / throughput.path_tps(E, data.cost_static, np.full(n, a_static)),
-            "selector_vs_autoregressive": sel * float(np.sum(data.cost_ar)) / n,
-            "selector_vs_oracle": sel / throughput.path_tps(E, data.cost_static,
-                                                            throughput.oracle_choice(E, data.cost_static)),
-            "declined": float(np.mean(choice == a_static))}
+    report = evaluate(pred, data, fit, valid, choice)
+    return {k: float(report[k]) for k in KEYS}
 
 
 def objectives(cfg, names: list[str], seeds: list[int], margins: list[float]) -> dict:
@@ -137,12 +131,12 @@ def objectives(cfg, names: list[str], seeds: list[int], margins: list[float]) ->
             c = cfg.replace(train=replace(cfg.train, objective=name, seed=seed))
             net = fit_net(c, data, layout, schema)
             p_val, p_test = predict(net, val), predict(net, test)
-            rows.append({"variant": name, "seed": seed, **score(net, data)})
+            rows.append({"variant": name, "seed": seed, **_test_row(p_test, test, fit, valid)})
             if name == "regression" and margins:
-                best = max(margins, key=lambda m: _path_ratios(val, fit, margin_choice(
-                    p_val, val.cost, valid, a_static, m), valid)["selector_vs_best_static"])
-                rows.append({"variant": "regression+margin", "seed": seed, "margin": best,
-                             **_path_ratios(test, fit, margin_choice(p_test, test.cost, valid, a_static, best), valid)})
+                best = max(margins, key=lambda m: _test_row(p_val, val, fit, valid, margin_choice(
+                    p_val, val.cost, valid, a_static, m))["selector_vs_best_static"])
+                rows.append({"variant": "regression+margin", "seed": seed, "margin": best, **_test_row(
+                    p_test, test, fit, valid, margin_choice(p_test, test.cost, valid, a_static, best))})
             print(f"study objectives: {rows[-1]['variant']} seed {seed}: selector / best static "
                   f"{rows[-1]['selector_vs_best_static']:.4f}", flush=True)
     summary = {}
