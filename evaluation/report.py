@@ -318,9 +318,8 @@ def offline_online_table(rows: dict) -> str:
     out = [n for n, r in rows.items() if not r["inside"]]
     if out:
         lines += ["", f"Outside the online interval: {', '.join(out)}. The path estimator assumes a step's E and T "
-                  "change "
-                  "slowly along the text and that every step runs to its E; end-of-decode steps, prefill (in the "
-                  "online seconds, not in the labels) and label noise move the two apart (docs/throughput.md)."]
+                  "change slowly along the text and that every step runs to its E; end-of-decode steps, prefill (in "
+                  "the online seconds, not in the labels) and label noise move the two apart (docs/throughput.md)."]
     return "\n".join(lines)
 
 
