@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -45,11 +47,13 @@ def timings(net) -> dict:
 
 
 def start_load(params: str) -> subprocess.Popen:
-    """A second process decoding with the target until it is killed (one long autoregressive decode)."""
-    cmd = [sys.executable, "-m", "pipeline.cli", "decode", "--params", params, "--method", "autoregressive",
-           "--max-new-tokens", "100000", "--no-chat-template", "--prompt", "Once upon a time"]
+    """A second process group decoding with the target until it is killed: autoregressive decodes one after the
+    other (one decode alone ends at the model's EOS, after a few seconds)."""
+    decode = [sys.executable, "-m", "pipeline.cli", "decode", "--params", params, "--method", "autoregressive",
+              "--max-new-tokens", "2000", "--no-chat-template", "--prompt", "Once upon a time"]
+    cmd = ["bash", "-c", "while true; do " + " ".join(shlex.quote(c) for c in decode) + "; done"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     time.sleep(25)  # the model loads, the decode runs
     if proc.poll() is not None:
         raise SystemExit(f"bench_decision_cost: the load process exited ({proc.returncode}): {' '.join(cmd)}")
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         busy = timings(net)
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the loop and the decode inside it
         proc.wait()
     base = decisions(test, pred, priced, priced)
     out = {"test_roots": len(test), "priced_by_train_seconds": priced, "quiet": quiet, "busy": busy}
