@@ -74,14 +74,12 @@ def _compare(E, cost, cost_static, cost_ar, choice, a_static, a_group, trav, a_t
             "per_root_regret": float(np.mean(1.0 - rate / best))}
 
 
-def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.ndarray | None = None,
-             choice: np.ndarray | None = None) -> dict:
-    """The selector's report on ``data``'s roots (see module docstring); statics chosen on ``fit``. ``choice``: the
-    output chosen at each root by another rule than the decision rule (e.g. `pipeline.study.margin_choice`)."""
+def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.ndarray | None = None) -> dict:
+    """The selector's report on ``data``'s roots (see module docstring); statics chosen on ``fit``."""
     valid = fit.valid_outputs() if valid is None else np.asarray(valid, bool)
     E = np.where(valid, data.labels.astype(np.float64), np.nan)  # [n, O]
     E_fit = np.where(valid, fit.labels.astype(np.float64), np.nan)
-    choice = pricing.decide(pred, data.cost, valid) if choice is None else np.asarray(choice)
+    choice = pricing.decide(pred, data.cost, valid)
     a_static = throughput.best_static(E_fit, fit.cost_static)
     keys, fit_keys = data.sampling(), fit.sampling()
     a_by_key = throughput.best_static_by_group(E_fit, fit.cost_static, fit_keys, keys, a_static)

@@ -26,14 +26,6 @@ with TPS_base(c) = Ê / T of the best static output of c's sampling setting (cho
 outputs are decision scores, not calibrated Ê (their MAE is reported all the same). ``Ê_pred`` enters
 as ``softplus_20(output)`` (= the output above ~0.25, always positive, never a dead gradient).
 
-``path`` (decision-focused, aligned with what the decoder pays: `decoding.throughput`): the same softmax policy,
-and the loss is its expected time per token along the decode path over the best static's, on the batch:
-
-    loss = sum_c sum_o pi(o|c) T(c, o) / Ê(c, o)  /  sum_c 1 / TPS_base(c)
-
-so minimising it maximises ``n / sum_c T / Ê`` of the policy, the path TPS (docs/throughput.md); below 1 the
-policy beats the best static on the batch. Roots with a small ``Ê`` weigh most, as the decoder's time does.
-
 Validation (each epoch, on all VAL roots at once so every DDP rank logs the same numbers):
 `models.selector_eval.evaluate` -> ``val/tps/selector``, ``val/selector_vs_best_static``, ``val/regret``,
 ``val/mae``, ``val/spearman``, ... and the same per sampling setting / source / method.
@@ -53,7 +45,7 @@ from .selector_data import SelectorData, SelectorDataModule
 from .selector_eval import evaluate, flat_metrics
 from .selector_network import SelectorNet
 
-OBJECTIVES = ("regression", "throughput", "path")
+OBJECTIVES = ("regression", "throughput")
 LABEL_WEIGHTINGS = ("none", "inverse_se")
 
 
@@ -113,14 +105,6 @@ def throughput_loss(pred, E, cost, base, valid, beta, lam: float, alpha: float) 
     return (-torch.log(ratio)).mean() + lam * torch.topk(hinge, k).values.mean()
 
 
-def path_loss(pred, E, cost, base, valid, beta) -> torch.Tensor:
-    """The ``path`` objective (module docstring): the softmax policy's expected time per token summed over the
-    batch, over the best static's; ``base`` ``[B]`` is TPS_base(c)."""
-    pi, mask = softmax_policy(pred, E, cost, valid, beta)
-    per_token = torch.where(mask, cost / torch.nan_to_num(E, nan=1.0).clamp_min(1e-6), torch.zeros_like(cost))
-    return (pi * per_token).sum() / (1.0 / base).sum()
-
-
 @torch.no_grad()
 def predict(net: SelectorNet, data: SelectorData, batch_size: int = 8192) -> np.ndarray:
     """``[N, O]`` the network's outputs on every root of ``data`` (eval mode, float64 numpy)."""
@@ -148,7 +132,7 @@ class SelectorModule(pl.LightningModule):
         self.fit_data, self.val_data = fit, val
         self.register_buffer("valid", torch.as_tensor(np.asarray(valid, bool)), persistent=False)  # [O]
         log_beta = torch.tensor(math.log(hparams.policy_beta))
-        if hparams.objective in ("throughput", "path"):  # a parameter only where the loss uses it (DDP needs all)
+        if hparams.objective == "throughput":  # a parameter only where the loss uses it (DDP needs all)
             self.log_beta = torch.nn.Parameter(log_beta)
         else:
             self.register_buffer("log_beta", log_beta)
@@ -159,8 +143,6 @@ class SelectorModule(pl.LightningModule):
         pred = self.net(*inputs)
         if self.hp.objective == "regression":
             return regression_loss(pred, E, se, self.valid, self.hp.label_weighting, self.hp.se_floor)
-        if self.hp.objective == "path":
-            return path_loss(pred, E, cost, base, self.valid, self.log_beta.exp())
         return throughput_loss(pred, E, cost, base, self.valid, self.log_beta.exp(), self.hp.throughput_lambda,
                                self.hp.throughput_alpha)
 

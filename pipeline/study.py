@@ -7,14 +7,12 @@ same TEST roots (`models.selector_eval.evaluate`): selector / oracle, / best sta
 regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
 (``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
 
-``objectives``: the training objectives (``--objectives``: regression, throughput, path) and the margin rule, each
-trained with ``--seeds`` seeds on the same TRAIN roots and scored on the same TEST roots along the decode path
-(`decoding.throughput`): selector / best static, / autoregressive, / oracle. The margin rule keeps the best static
-unless the selector's predicted rate ``Ê / T`` beats the best static's by more than a margin (chosen on VAL from
-``--margins``). Writes JSON (default metrics/study_objectives.json).
+``objectives``: the training objectives (``--objectives``: regression, throughput), each trained with ``--seeds``
+seeds on the same TRAIN roots and scored on the same TEST roots along the decode path (`decoding.throughput`):
+selector / best static, / autoregressive, / oracle. Writes JSON (default metrics/study_objectives.json).
 
-(The two-stage ``cascade`` study and its online runtime were removed when they did not become the default; their
-numbers are in docs/selector.md.)
+(The two-stage ``cascade`` study, the decision-focused ``path`` loss and the margin rule were removed when they did
+not win; their numbers are in docs/selector.md and docs/history/.)
 """
 
 from __future__ import annotations
@@ -54,13 +52,11 @@ def fit_net(cfg, data, layout, schema):
 
 def score(net, data) -> dict:
     """``net``'s TEST report (KEYS, roots, prompts)."""
-    from models.selector_eval import evaluate
     from models.selector_training import predict
 
     fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
-    report = evaluate(predict(net, test), test, fit, fit.valid_outputs())
     return {"train_roots": len(fit), "train_prompts": int(len(set(fit.prompt_id.tolist()))),
-            "test_roots": len(test), **{k: float(report[k]) for k in KEYS}}
+            "test_roots": len(test), **_test_row(predict(net, test), test, fit, fit.valid_outputs())}
 
 
 def fit_and_score(cfg, data, layout, schema) -> dict:
@@ -88,30 +84,17 @@ def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
                     "scored on all TEST roots (offline, labels + latency profile)"}
 
 
-def margin_choice(pred, cost, valid, a_static: int, margin: float) -> np.ndarray:
-    """The decision rule with a margin: the selector's choice where its predicted rate beats the best static's
-    predicted rate by more than ``margin`` (relative), else the best static."""
-    from decoding.pricing import decide
-
-    choice = decide(pred, cost, valid)
-    rate = np.where(np.isfinite(pred), pred, -np.inf) / cost
-    rows = np.arange(len(choice))
-    keep = rate[rows, choice] <= (1.0 + margin) * rate[rows, a_static]
-    return np.where(keep, a_static, choice)
-
-
-def _test_row(pred, data, fit, valid, choice=None) -> dict:
-    """`KEYS` of the selector's report on ``data`` (`models.selector_eval.evaluate`), by its own decision or
-    ``choice``."""
+def _test_row(pred, data, fit, valid) -> dict:
+    """`KEYS` of the selector's report on ``data`` (`models.selector_eval.evaluate`)."""
     from models.selector_eval import evaluate
 
-    report = evaluate(pred, data, fit, valid, choice)
+    report = evaluate(pred, data, fit, valid)
     return {k: float(report[k]) for k in KEYS}
 
 
-def objectives(cfg, names: list[str], seeds: list[int], margins: list[float]) -> dict:
-    """Each objective x seed trained on TRAIN and scored on TEST along the path; for regression also the margin rule
-    (its margin chosen on VAL). Returns per-run rows and, per variant, the mean and spread over seeds."""
+def objectives(cfg, names: list[str], seeds: list[int]) -> dict:
+    """Each objective x seed trained on TRAIN and scored on TEST along the path. Returns per-run rows and, per
+    objective, the mean and spread over seeds."""
     from dataclasses import replace
 
     from decoding import throughput
@@ -120,9 +103,9 @@ def objectives(cfg, names: list[str], seeds: list[int], margins: list[float]) ->
     from pipeline.training_data import training_data
 
     _, layout, schema, _, data, _ = training_data(cfg)
-    fit, val, test = (data.subset(data.rows(s)) for s in ("train", "val", "test"))
-    if not len(test) or not len(val):
-        raise SystemExit("study objectives: the collected dataset needs VAL and TEST roots")
+    fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
+    if not len(test):
+        raise SystemExit("study objectives: the collected dataset needs TEST roots")
     valid = fit.valid_outputs()
     a_static = throughput.best_static(np.where(valid, fit.labels.astype(np.float64), np.nan), fit.cost_static)
     rows = []
@@ -130,13 +113,7 @@ def objectives(cfg, names: list[str], seeds: list[int], margins: list[float]) ->
         for seed in seeds:
             c = cfg.replace(train=replace(cfg.train, objective=name, seed=seed))
             net = fit_net(c, data, layout, schema)
-            p_val, p_test = predict(net, val), predict(net, test)
-            rows.append({"variant": name, "seed": seed, **_test_row(p_test, test, fit, valid)})
-            if name == "regression" and margins:
-                best = max(margins, key=lambda m: _test_row(p_val, val, fit, valid, margin_choice(
-                    p_val, val.cost, valid, a_static, m))["selector_vs_best_static"])
-                rows.append({"variant": "regression+margin", "seed": seed, "margin": best, **_test_row(
-                    p_test, test, fit, valid, margin_choice(p_test, test.cost, valid, a_static, best))})
+            rows.append({"variant": name, "seed": seed, **_test_row(predict(net, test), test, fit, valid)})
             print(f"study objectives: {rows[-1]['variant']} seed {seed}: selector / best static "
                   f"{rows[-1]['selector_vs_best_static']:.4f}", flush=True)
     summary = {}
@@ -205,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     lc.add_argument("--seed", type=int, default=0, help="shuffle of the TRAIN prompts")
     lc.add_argument("--out", default="metrics/study_learning_curve.json")
     add_config_arguments(lc)
-    ob = sub.add_parser("objectives", help="training objectives and the margin rule along the decode path (TEST)")
-    ob.add_argument("--objectives", nargs="+", default=["regression", "throughput", "path"])
+    ob = sub.add_parser("objectives", help="the training objectives along the decode path (TEST roots)")
+    ob.add_argument("--objectives", nargs="+", default=["regression", "throughput"],
+                    choices=["regression", "throughput"])
     ob.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ob.add_argument("--margins", type=float, nargs="*", default=[0.0, 0.02, 0.05, 0.1, 0.2])
     ob.add_argument("--out", default="metrics/study_objectives.json")
     add_config_arguments(ob)
     args = parser.parse_args(argv)
@@ -217,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = study_config(args)
     out = Path(args.out)
     if args.study == "objectives":
-        result = objectives(cfg, args.objectives, args.seeds, args.margins)
+        result = objectives(cfg, args.objectives, args.seeds)
     else:
         result = learning_curve(cfg, sorted(args.fractions), args.seed)
         result["plot"] = str(plot(result, out.with_suffix(".png")))

@@ -47,8 +47,8 @@ class TrainConfig:
             check_method_name(m)
         if self.feature_set not in FEATURE_SETS:
             raise ValueError(f"feature_set must be one of {', '.join(FEATURE_SETS)}, not {self.feature_set!r}")
-        if self.objective not in ("regression", "throughput", "path"):
-            raise ValueError(f"objective must be regression, throughput or path, not {self.objective!r}")
+        if self.objective not in ("regression", "throughput"):
+            raise ValueError(f"objective must be regression or throughput, not {self.objective!r}")
         if self.label_weighting not in ("none", "inverse_se"):
             raise ValueError(f"label_weighting must be none or inverse_se, not {self.label_weighting!r}")
         bad = [b for b in self.baselines if b not in ("best_static", "ridge", "hgb")]
