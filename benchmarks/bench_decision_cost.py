@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_decision_cost: skipped, no {', '.join(missing)} (run dvc repro train first)")
         return 0
     net, _ = load_selector(cfg.train.out)
-    _, _, _, _, data, priced = training_data(cfg)
+    td = training_data(cfg)
+    data, priced = td.data, td.inference_seconds
     test = data.subset(data.rows("test"))
     pred = predict(net, test)
     quiet = timings(net)

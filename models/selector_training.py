@@ -63,6 +63,7 @@ class SelectorHParams:
     throughput_alpha: float  # fraction of worst roots in the hinge term
     se_floor: float = 0.05  # floor of the label standard error in inverse_se weights
     policy_beta: float = 20.0  # initial inverse temperature of the throughput policy
+    seed: int = 0  # of the initialisation, the shuffles and dropout (`pl.seed_everything`)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -175,9 +176,21 @@ def init_output_bias(net: SelectorNet, labels: np.ndarray, valid: np.ndarray) ->
         net.mlp[-1].bias.copy_(torch.as_tensor(np.nan_to_num(mean, nan=1.0), dtype=torch.float32))
 
 
-def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams, *, logger=None,
-                 checkpoint_dir: str | None = None, accelerator: str = "cpu", devices="auto",
-                 strategy: str = "auto", seed: int = 0, progress: bool = False) -> tuple[SelectorModule, str]:
+@dataclass
+class FitSetup:
+    """Where and how Lightning runs a fit: the MLflow logger (None: no logging), the best-epoch checkpoint folder
+    (None: keep the last epoch), the accelerator / devices / strategy of `pl.Trainer` and the progress bar."""
+
+    logger: object = None
+    checkpoint_dir: str | None = None
+    accelerator: str = "cpu"
+    devices: int | str = "auto"
+    strategy: str = "auto"
+    progress: bool = False
+
+
+def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams,
+                 setup: FitSetup | None = None) -> tuple[SelectorModule, str]:
     """Standardize on train, train ``net`` in place, restore the best epoch (by ``val/tps/selector``).
 
     ``dm.batch_size`` is the batch of one optimizer step over all devices: with ``devices`` > 1 (DDP, e.g.
@@ -185,8 +198,9 @@ def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams, 
     are averaged, so the run takes the steps one device would.
 
     Returns the module (its ``last_report`` is the validation report of the restored epoch) and the best
-    checkpoint's path ("" without ``checkpoint_dir``)."""
-    pl.seed_everything(seed, workers=True, verbose=False)
+    checkpoint's path ("" without ``setup.checkpoint_dir``)."""
+    setup = setup or FitSetup()
+    pl.seed_everything(hp.seed, workers=True, verbose=False)
     net.set_standardization({k: (torch.as_tensor(m), torch.as_tensor(s)) for k, (m, s) in dm.standardization().items()})
     fit, val = dm.data.subset(dm.train_idx), dm.data.subset(dm.val_idx)
     valid = fit.valid_outputs()
@@ -194,15 +208,15 @@ def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams, 
     module = SelectorModule(net, hp, fit, val, valid)
     callbacks = []
     ckpt = None
-    if checkpoint_dir:
+    if setup.checkpoint_dir:
         from pytorch_lightning.callbacks import ModelCheckpoint
 
-        ckpt = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val/tps/selector", mode="max",
+        ckpt = ModelCheckpoint(dirpath=setup.checkpoint_dir, filename="best", monitor="val/tps/selector", mode="max",
                                save_top_k=1, save_last=False, enable_version_counter=False)
         callbacks.append(ckpt)
-    trainer = pl.Trainer(max_epochs=hp.epochs, accelerator=accelerator, devices=devices, strategy=strategy,
-                         logger=logger if logger is not None else False, callbacks=callbacks,
-                         enable_checkpointing=ckpt is not None, enable_progress_bar=progress,
+    trainer = pl.Trainer(max_epochs=hp.epochs, accelerator=setup.accelerator, devices=setup.devices,
+                         strategy=setup.strategy, logger=setup.logger if setup.logger is not None else False,
+                         callbacks=callbacks, enable_checkpointing=ckpt is not None, enable_progress_bar=setup.progress,
                          enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
                          deterministic=False)
     batch = dm.batch_size

@@ -57,14 +57,15 @@ def ablation(cfg, seeds: list[int]) -> dict:
     from pipeline.training_data import training_data
 
     c = cfg.replace(train=dataclasses.replace(cfg.train, feature_set=FEATURE_SET))
-    _, layout, schema, _, data, _ = training_data(c)
-    variants = {"all inputs": None, **{f"without {h}": h for h in schema.hidden}}
+    td = training_data(c)
+    data = td.data
+    variants = {"all inputs": None, **{f"without {h}": h for h in td.schema.hidden}}
     runs = []
     for seed in seeds:
         cs = c.replace(train=dataclasses.replace(c.train, seed=seed))
         for label, name in variants.items():
             d = without(data, name)
-            run = {"variant": label, "seed": seed, **scores(fit_net(cs, d, layout, schema), d)}
+            run = {"variant": label, "seed": seed, **scores(fit_net(cs, d, td), d)}
             runs.append(run)
             print(f"feature ablation: seed {seed}, {label}: " + "; ".join(
                 f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in run[s].items()) for s in ("val", "test") if s in run),

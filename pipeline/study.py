@@ -36,17 +36,16 @@ def train_subset(data, keep_prompts: set[str]):
     return data.subset(np.flatnonzero(keep))
 
 
-def fit_net(cfg, data, layout, schema):
-    """A selector trained on ``data``'s TRAIN roots with ``train.*`` (the last epoch: no checkpoint)."""
+def fit_net(cfg, data, td):
+    """A selector trained on ``data``'s TRAIN roots with ``train.*`` (the last epoch: no checkpoint); ``td``: the
+    `pipeline.training_data.TrainingData` ``data`` was drawn from."""
     from models.selector_data import SelectorDataModule
-    from models.selector_network import SelectorNet
     from models.selector_training import fit_selector
     from pipeline.training_data import hparams
 
     tc = cfg.train
-    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
-                      *layout.constraints())
-    fit_selector(net, SelectorDataModule(data, tc.batch_size, tc.seed), hparams(tc), seed=tc.seed)
+    net = td.new_net(tc)
+    fit_selector(net, SelectorDataModule(data, tc.batch_size, tc.seed), hparams(tc))
     return net
 
 
@@ -59,14 +58,15 @@ def score(net, data) -> dict:
             "test_roots": len(test), **_test_row(predict(net, test), test, fit, fit.valid_outputs())}
 
 
-def fit_and_score(cfg, data, layout, schema) -> dict:
-    return score(fit_net(cfg, data, layout, schema), data)
+def fit_and_score(cfg, data, td) -> dict:
+    return score(fit_net(cfg, data, td), data)
 
 
 def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
     from pipeline.training_data import training_data
 
-    _, layout, schema, _, data, _ = training_data(cfg)
+    td = training_data(cfg)
+    data = td.data
     if not len(data.rows("test")):
         raise SystemExit("study: the collected dataset has no TEST roots to score on; collect with splits including test")
     prompts = sorted(set(data.prompt_id[data.rows("train")].tolist()))
@@ -74,7 +74,7 @@ def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
     points = []
     for f in fractions:
         n = max(1, int(round(f * len(order))))
-        point = {"fraction": f, **fit_and_score(cfg, train_subset(data, set(order[:n])), layout, schema)}
+        point = {"fraction": f, **fit_and_score(cfg, train_subset(data, set(order[:n])), td)}
         print(f"study learning-curve: {f:.0%} of TRAIN prompts ({point['train_roots']} roots): "
               + ", ".join(f"{k} {point[k]:.3f}" for k in KEYS), flush=True)
         points.append(point)
@@ -102,7 +102,8 @@ def objectives(cfg, names: list[str], seeds: list[int]) -> dict:
     from models.selector_training import predict
     from pipeline.training_data import training_data
 
-    _, layout, schema, _, data, _ = training_data(cfg)
+    td = training_data(cfg)
+    data = td.data
     fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
     if not len(test):
         raise SystemExit("study objectives: the collected dataset needs TEST roots")
@@ -112,7 +113,7 @@ def objectives(cfg, names: list[str], seeds: list[int]) -> dict:
     for name in names:
         for seed in seeds:
             c = cfg.replace(train=replace(cfg.train, objective=name, seed=seed))
-            net = fit_net(c, data, layout, schema)
+            net = fit_net(c, data, td)
             rows.append({"variant": name, "seed": seed, **_test_row(predict(net, test), test, fit, valid)})
             print(f"study objectives: {rows[-1]['variant']} seed {seed}: selector / best static "
                   f"{rows[-1]['selector_vs_best_static']:.4f}", flush=True)

@@ -24,9 +24,11 @@ import argparse
 import dataclasses
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pipeline.training_data import hparams, training_data
+from pipeline.training_data import TrainingData, hparams, training_data
 
 SECTIONS = ("model", "tracking", "profile", "collect", "train")  # the params sections it loads
 
@@ -70,7 +72,23 @@ def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
         client.log_batch(run_id, metrics=items[i:i + 900])
 
 
-def start_tracking(cfg, args, manifest, layout, data, infer):
+@dataclass
+class TrainedSelector:
+    """What one training produced, beside the network: the reports per split, the outputs with a label on TRAIN,
+    the TRAIN roots, the MLflow run, the best checkpoint and the baselines (`models.selector_baselines`)."""
+
+    reports: dict
+    valid: Any  # [O] bool
+    fit: Any  # models.selector_data.SelectorData, the TRAIN roots
+    run_id: str
+    tags: dict
+    best_ckpt: str | None
+    chain: bool = False
+    baselines: dict = field(default_factory=dict)
+    baseline_runs: dict = field(default_factory=dict)
+
+
+def start_tracking(cfg, args, td: TrainingData):
     """``(MLflow logger, params, tags, tracking uri)`` of the selector's run; logs its hyperparameters once."""
     from pytorch_lightning.loggers import MLFlowLogger
 
@@ -78,13 +96,14 @@ def start_tracking(cfg, args, manifest, layout, data, infer):
 
     tc = cfg.train
     run_name = args.run_name or f"{tc.method}/{tc.feature_set}/{tc.objective}"
-    tags = stage_tags(cfg, "train", {"dataset_config_hash": manifest["config_hash"]})  # nested in the pipeline run
+    layout, data = td.layout, td.data
+    tags = stage_tags(cfg, "train", {"dataset_config_hash": td.manifest["config_hash"]})  # nested in the pipeline run
     uri = tracking_uri(cfg)
     logger = MLFlowLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, run_name=run_name,
                           tags={**tags, "model": "selector"})
     params = {"method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective,
               "methods": ",".join(layout.methods), "outputs": layout.size, "dataset": cfg.collect.out,
-              "latency_profile": cfg.profile.out, "inference_seconds": infer,
+              "latency_profile": cfg.profile.out, "inference_seconds": td.inference_seconds,
               **{f"train.{k}": v for k, v in dataclasses.asdict(tc).items() if k not in ("method", "feature_set",
                                                                                        "objective")},
               **{f"roots_{s}": int((data.split == s).sum()) for s in ("train", "val", "test")}}
@@ -92,63 +111,63 @@ def start_tracking(cfg, args, manifest, layout, data, infer):
     return logger, params, tags, uri
 
 
-def selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
-                  best_ckpt, chain: bool = False) -> dict:
+def selector_meta(cfg, td: TrainingData, run: TrainedSelector) -> dict:
     """The trained selector's meta (`models.selector_network.save_selector`); ``kind``: ``chain`` (outputs: chains
     ``(1, n, 0)``, verified as one chain, `pipeline.chain_selector`) or ``tree``."""
     from decoding.files import sha256_file
     from models.selector_eval import serializable
 
-    tc = cfg.train
+    tc, layout, schema, latency, fit, data = cfg.train, td.layout, td.schema, td.latency, run.fit, td.data
     return {
-        "kind": "chain" if chain else "tree", "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
+        "kind": "chain" if run.chain else "tree", "feature_set": tc.feature_set, "schema": schema.to_dict(), "hidden_sizes": dict(schema.hidden_sizes),
         "scalars": list(schema.scalars), "objective": tc.objective,
-        "outputs": {**layout.to_dict(), "valid": [bool(v) for v in valid]},
+        "outputs": {**layout.to_dict(), "valid": [bool(v) for v in run.valid]},
         "latency": latency.to_dict(),  # the profile the costs came from (export embeds it in its sidecar)
         "decision": "argmax over valid outputs o of output[o] / T(o) (decoding.pricing.decide); T = "
                     "decoding.pricing.step_seconds(latency, context_length, actions, methods, feature_set, "
                     "inference_seconds) (method-major)",
-        "inference_seconds": infer,
+        "inference_seconds": td.inference_seconds,
         "latency_profile": {"path": cfg.profile.out, "sha256": sha256_file(cfg.profile.out),
                             "meta": getattr(latency, "meta", {})},
-        "metrics": {k: _summary(serializable(r)) for k, r in reports.items()},
+        "metrics": {k: _summary(serializable(r)) for k, r in run.reports.items()},
         "sampling_range": {"temperature": [float(fit.temperature.min()), float(fit.temperature.max())],
                           "top_p": [float(fit.top_p.min()), float(fit.top_p.max())],
                           "settings": sorted(set(fit.sampling().tolist()))},  # of the train roots
-        "pair": manifest["pair"],
-        "dataset": {"path": cfg.collect.out, "config_hash": manifest["config_hash"], "rows": len(data),
+        "pair": td.manifest["pair"],
+        "dataset": {"path": cfg.collect.out, "config_hash": td.manifest["config_hash"], "rows": len(data),
                     "roots_per_split": {s: int((data.split == s).sum()) for s in ("train", "val", "test")}},
-        "git_revision": tags["git_revision"], "train_config": dataclasses.asdict(tc), "mlflow_run_id": run_id,
-        "best_checkpoint": os.path.relpath(best_ckpt, tc.out) if best_ckpt else None,
+        "git_revision": run.tags["git_revision"], "train_config": dataclasses.asdict(tc), "mlflow_run_id": run.run_id,
+        "best_checkpoint": os.path.relpath(run.best_ckpt, tc.out) if run.best_ckpt else None,
     }
 
 
-def log_selector_artifacts(client, run_id, net, out: Path, reports, splits, valid, best_ckpt) -> str:
+def log_selector_artifacts(client, net, out: Path, run: TrainedSelector, splits: dict) -> str:
     """Plots of the evaluated split, the selector files and the best checkpoint into the MLflow run; the split."""
     from models.selector_plots import selector_plots
     from models.selector_training import predict
 
-    ev = "test" if "test" in reports else "val"
-    for p in selector_plots(reports[ev], predict(net, splits[ev]), splits[ev], valid, out / "plots", ev):
-        client.log_artifact(run_id, str(p), "plots")
+    ev = "test" if "test" in run.reports else "val"
+    for p in selector_plots(run.reports[ev], predict(net, splits[ev]), splits[ev], run.valid, out / "plots", ev):
+        client.log_artifact(run.run_id, str(p), "plots")
     for name in ("selector.safetensors", "selector.json"):
-        client.log_artifact(run_id, str(out / name), "selector")
-    if best_ckpt:
-        client.log_artifact(run_id, best_ckpt, "checkpoints")
+        client.log_artifact(run.run_id, str(out / name), "selector")
+    if run.best_ckpt:
+        client.log_artifact(run.run_id, run.best_ckpt, "checkpoints")
     return ev
 
 
-def train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_runs, reports, baselines) -> dict:
+def train_metrics(tc, td: TrainingData, meta: dict, run: TrainedSelector, seconds: dict) -> dict:
     from models.selector_eval import serializable
 
     return {
-        "method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective, "outputs": layout.size,
-        "roots_per_split": meta["dataset"]["roots_per_split"], "config_hash": manifest["config_hash"],
-        "seconds": seconds, "inference_seconds": infer, "mlflow_run_id": run_id, "mlflow_baseline_runs": baseline_runs,
-        **{k: serializable(r) for k, r in reports.items()},
+        "method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective, "outputs": td.layout.size,
+        "roots_per_split": meta["dataset"]["roots_per_split"], "config_hash": td.manifest["config_hash"],
+        "seconds": seconds, "inference_seconds": td.inference_seconds, "mlflow_run_id": run.run_id,
+        "mlflow_baseline_runs": run.baseline_runs,
+        **{k: serializable(r) for k, r in run.reports.items()},
         "baselines": {k: {"fit_seconds": e["fit_seconds"], **{s: _summary(serializable(e[s])) for s in e
                                                               if s != "fit_seconds"}}
-                      for k, e in baselines.items()},
+                      for k, e in run.baselines.items()},
     }
 
 
@@ -164,23 +183,22 @@ def train_one(cfg, args, chain: bool = False) -> int:
     from models.selector_baselines import baseline_reports
     from models.selector_data import SelectorDataModule
     from models.selector_eval import evaluate, flat_metrics
-    from models.selector_network import SelectorNet, save_selector
-    from models.selector_training import fit_selector, predict
+    from models.selector_network import save_selector
+    from models.selector_training import FitSetup, fit_selector, predict
 
     tc = cfg.train
     torch.set_num_threads(tc.threads)
     start = time.perf_counter()
-    manifest, layout, schema, latency, data, infer = training_data(cfg, chain)
+    td = training_data(cfg, chain)
+    data, layout = td.data, td.layout
     dm = SelectorDataModule(data, tc.batch_size, tc.seed)
-    net = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
-                      *layout.constraints())
+    net = td.new_net(tc)
     load_seconds = time.perf_counter() - start
-    logger, params, tags, uri = start_tracking(cfg, args, manifest, layout, data, infer)
+    logger, params, tags, uri = start_tracking(cfg, args, td)
     out = Path(tc.out)
     fit_start = time.perf_counter()
-    module, best_ckpt = fit_selector(net, dm, hparams(tc), logger=logger, checkpoint_dir=str(out / "checkpoints"),
-                                     accelerator=tc.accelerator, devices=tc.devices, strategy=tc.strategy,
-                                     seed=tc.seed, progress=args.progress)
+    setup = FitSetup(logger, str(out / "checkpoints"), tc.accelerator, tc.devices, tc.strategy, args.progress)
+    module, best_ckpt = fit_selector(net, dm, hparams(tc), setup)
     fit_seconds = time.perf_counter() - fit_start
     if module.global_rank != 0:
         return 0
@@ -196,13 +214,13 @@ def train_one(cfg, args, chain: bool = False) -> int:
     client, run_id = logger.experiment, logger.run_id
     _log_metrics(client, run_id, {**flat_metrics(reports.get("test", {}), "test"), "fit_seconds": fit_seconds})
     baseline_runs = _log_baselines(client, logger.experiment_id, baselines, params, tags) if baselines else {}
-    meta = selector_meta(cfg, manifest, layout, schema, latency, infer, fit, data, reports, valid, tags, run_id,
-                         best_ckpt, chain)
+    run = TrainedSelector(reports, valid, fit, run_id, tags, best_ckpt, chain, baselines, baseline_runs)
+    meta = selector_meta(cfg, td, run)
     save_selector(out, net, meta)
-    ev = log_selector_artifacts(client, run_id, net, out, reports, {"test": test, "val": val}, valid, best_ckpt)
+    ev = log_selector_artifacts(client, net, out, run, {"test": test, "val": val})
     total = time.perf_counter() - start
     seconds = {"load": load_seconds, "fit": fit_seconds, "baselines": base_seconds, "total": total}
-    metrics = train_metrics(tc, layout, meta, manifest, seconds, infer, run_id, baseline_runs, reports, baselines)
+    metrics = train_metrics(tc, td, meta, run, seconds)
     metrics["world_size"] = module.trainer.world_size  # processes the fit ran on (DDP: train.devices)
     metrics["optimizer_steps"] = module.trainer.global_step  # the same on any number of devices
     write_json_atomic(tc.metrics, metrics)

@@ -9,6 +9,32 @@ of ``train.method``; `inference_seconds` times the selector's own forward (charg
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class TrainingData:
+    """What `training_data` loads: the dataset manifest, the output layout, the feature schema, the latency profile,
+    the roots as `models.selector_data.SelectorData` and the selector's charged forward time (seconds)."""
+
+    manifest: dict
+    layout: Any  # models.selector_network.OutputLayout
+    schema: Any  # decoding.features.FeatureSchema
+    latency: Any  # decoding.latency.LatencyModel
+    data: Any  # models.selector_data.SelectorData
+    inference_seconds: float
+
+    def new_net(self, tc):
+        """An untrained `models.selector_network.SelectorNet` of ``train.*``'s architecture for this layout."""
+        return new_net(self.schema, self.layout, tc)
+
+
+def new_net(schema, layout, tc):
+    from models.selector_network import SelectorNet
+
+    return SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
+                       *layout.constraints())
 
 
 def layout_for(tc, manifest: dict):
@@ -50,8 +76,8 @@ def inference_seconds(net, reps: int = 200, blocks: int = 5) -> float:
     return float(min(np.median(b) for b in np.array_split(np.array(times), blocks)))
 
 
-def training_data(cfg, chain: bool = False):
-    """``(manifest, layout, schema, latency, SelectorData, inference_seconds)`` of the collected dataset; with
+def training_data(cfg, chain: bool = False) -> TrainingData:
+    """The `TrainingData` of the collected dataset; with
     ``chain``, of a chain selector: ``train.method``'s labels of the grid's chains, one output per draft length
     (`models.selector_data.chain_labels`)."""
     import numpy as np
@@ -61,7 +87,6 @@ def training_data(cfg, chain: bool = False):
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
     from models.selector_data import build_selector_data
-    from models.selector_network import SelectorNet
 
     tc = cfg.train
     manifest = read_manifest(cfg.collect.out)
@@ -77,11 +102,9 @@ def training_data(cfg, chain: bool = False):
     if chain:
         layout, labels, label_se = chain_layout(layout, labels, label_se)
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
-    probe = SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
-                        *layout.constraints())
-    infer = inference_seconds(probe) if tc.charge_inference else 0.0
+    infer = inference_seconds(new_net(schema, layout, tc)) if tc.charge_inference else 0.0
     data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
-    return manifest, layout, schema, latency, data, infer
+    return TrainingData(manifest, layout, schema, latency, data, infer)
 
 
 def chain_layout(layout, labels: dict, label_se: dict):
@@ -104,4 +127,4 @@ def hparams(tc):
 
     return SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
                            label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,
-                           throughput_alpha=tc.throughput_alpha)
+                           throughput_alpha=tc.throughput_alpha, seed=tc.seed)

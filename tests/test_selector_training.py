@@ -376,7 +376,7 @@ def test_feature_ablation_zeroes_one_input_per_variant(collected, tmp_path, monk
 
     profile = toy_latency().save(tmp_path / "latency.json")
     cfg = load_config(None, [f"collect.out={collected}", f"profile.out={profile}", "train.feature_set=target_only"])
-    data = training_data(cfg)[4]
+    data = training_data(cfg).data
     gone = without(data, "e_root")
     assert not gone.inputs["e_root"].any() and data.inputs["e_root"].any()  # the original is untouched
     assert gone.inputs["h_p_prev"] is data.inputs["h_p_prev"]
