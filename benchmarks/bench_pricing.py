@@ -46,19 +46,19 @@ def measure_profile(cfg, target, draft, vocab, tokenizer, quick: bool):
     """A latency profile measured now, as `branchpoint profile` measures it (smaller grid with ``quick``)."""
     import dataclasses
 
-    from data_collection.profile import profile_pair, tile_ids
+    from data_collection.profile import Grid, TimedPair, profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
-    from data_collection.step_prices import measure_step_ratios
+    from data_collection.step_prices import PriceRounds, measure_step_ratios
     from decoding.features import FeatureSchema
 
     p = cfg.profile
     ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), max(p.contexts))
-    model = profile_pair(target, draft, vocab, ids, p.contexts, p.draft_rows, p.target_tokens,
-                         2 if quick else p.repeats, 1 if quick else p.warmup, 10)
+    grid = Grid(p.contexts, p.draft_rows, p.target_tokens, 2 if quick else p.repeats, 1 if quick else p.warmup)
+    model = profile_pair(TimedPair(target, draft, vocab), ids, grid, 10)
     schema = FeatureSchema.for_pair("target_only", target.config.hidden_size, target.config.hidden_size)
-    ratios, by_class = measure_step_ratios(target, draft, vocab, [tile_ids(ids, c) for c in p.price_contexts], model,
-                                           list(cfg.actions.space()), p.lookup_lengths, schema, p.price_tokens,
-                                           2 if quick else p.price_rounds, progress="step prices")
+    plan = PriceRounds(p.lookup_lengths, schema, p.price_tokens, 2 if quick else p.price_rounds)
+    ratios, by_class = measure_step_ratios(TimedPair(target, draft, vocab), [tile_ids(ids, c) for c in p.price_contexts],
+                                           model, list(cfg.actions.space()), plan, progress="step prices")
     return dataclasses.replace(model, step_ratios=ratios, meta={**model.meta, "step_ratios_by_class": by_class})
 
 

@@ -84,6 +84,28 @@ class GridTimes:
     rows: tuple[np.ndarray, np.ndarray, np.ndarray]  # (p_prev, q_prev, q_root), each [V] float64
 
 
+@dataclass(frozen=True)
+class TimedPair:
+    """The models a profile times and the vocabulary their probability rows cover."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The cells a profile times: context lengths x draft query rows and x target tokens, ``repeats`` timed rounds
+    after ``warmup`` untimed ones, the rows transformed with ``sampling``."""
+
+    contexts: Sequence[int]
+    draft_rows: Sequence[int]
+    target_tokens: Sequence[int]
+    repeats: int
+    warmup: int = 2
+    sampling: Sampling = DEFAULT_SAMPLING
+
+
 def tile_ids(ids: Sequence[int], length: int) -> list[int]:
     """``ids`` repeated to exactly ``length`` tokens (a realistic context of any length)."""
     ids = [int(i) for i in ids] or [0]
@@ -91,13 +113,15 @@ def tile_ids(ids: Sequence[int], length: int) -> list[int]:
 
 
 @torch.inference_mode()
-def time_grid(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, context_ids: Sequence[int],
-              contexts: Sequence[int], draft_rows: Sequence[int], target_tokens: Sequence[int], repeats: int,
-              warmup: int = 2, sampling: Sampling = DEFAULT_SAMPLING, progress: str | None = None) -> GridTimes:
-    """Time the draft step and the target pass at every grid cell (see the module docstring).
+def time_grid(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress: str | None = None) -> GridTimes:
+    """Time the draft step and the target pass at every cell of ``grid`` (see the module docstring).
 
     ``context_ids``: token ids the contexts are cut from (tiled when shorter than the largest context)."""
     from tqdm.auto import tqdm
+
+    target, draft, vocab_size = pair.target, pair.draft, pair.vocab_size
+    contexts, draft_rows, target_tokens = grid.contexts, grid.draft_rows, grid.target_tokens
+    repeats, warmup, sampling = grid.repeats, grid.warmup, grid.sampling
 
     if repeats < 1 or warmup < 0:
         raise ValueError(f"time_grid: repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -180,34 +204,31 @@ def machine_info(device: torch.device) -> dict:
     }
 
 
-def profile_pair(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, context_ids: Sequence[int],
-                 contexts: Sequence[int], draft_rows: Sequence[int], target_tokens: Sequence[int], repeats: int,
-                 warmup: int = 2, feature_repeats: int = 50, sampling: Sampling = DEFAULT_SAMPLING,
+def profile_pair(pair: TimedPair, context_ids: Sequence[int], grid: Grid, feature_repeats: int = 50,
                  progress: str | None = None, meta: dict | None = None) -> LatencyModel:
     """Measure the whole profile and return the `LatencyModel` (means; ``meta`` is extended with the
     machine and the measurement settings)."""
     start = time.perf_counter()
-    info = machine_info(next(target.parameters()).device)
-    grid = time_grid(target, draft, vocab_size, context_ids, contexts, draft_rows, target_tokens, repeats, warmup,
-                     sampling, progress)
+    info = machine_info(next(pair.target.parameters()).device)
+    times = time_grid(pair, context_ids, grid, progress)
     fn, fn_name = root_scalars_fn()
-    feature = time_features(fn, grid.rows, feature_repeats)
-    settings = {"repeats": repeats, "warmup": warmup, "feature_repeats": feature_repeats, "statistic": "mean",
-                "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
-                "vocab_size": int(vocab_size), "feature_fn": fn_name,
+    feature = time_features(fn, times.rows, feature_repeats)
+    settings = {"repeats": grid.repeats, "warmup": grid.warmup, "feature_repeats": feature_repeats,
+                "statistic": "mean",
+                "sampling": {"temperature": grid.sampling.temperature, "top_p": grid.sampling.top_p},
+                "vocab_size": int(pair.vocab_size), "feature_fn": fn_name,
                 "seconds": round(time.perf_counter() - start, 1)}
     meta = dict(meta or {})
     meta["settings"] = {**settings, **meta.get("settings", {})}
-    return LatencyModel(np.asarray(contexts), np.asarray(draft_rows), np.mean(grid.draft, axis=-1),
-                        np.asarray(target_tokens), np.mean(grid.target, axis=-1), feature, {**info, **meta})
+    return LatencyModel(np.asarray(grid.contexts), np.asarray(grid.draft_rows), np.mean(times.draft, axis=-1),
+                        np.asarray(grid.target_tokens), np.mean(times.target, axis=-1), feature, {**info, **meta})
 
 
-def step_times(target: torch.nn.Module, draft: torch.nn.Module, context_ids: Sequence[int], vocab_size: int,
-               reps: int = 30, warmup: int = 3) -> dict:
+def step_times(pair: TimedPair, context_ids: Sequence[int], reps: int = 30, warmup: int = 3) -> dict:
     """One decode step of each model (one token after a KV cache holding ``context_ids``), timed as the
     profile times it: means and minima in ms and the draft/target ratio of the means
     (``step_time_ratio``, a train_draft metric)."""
-    grid = time_grid(target, draft, vocab_size, context_ids, [len(context_ids)], [1], [1], reps, warmup)
+    grid = time_grid(pair, context_ids, Grid([len(context_ids)], [1], [1], reps, warmup))
     med = {"draft": float(np.mean(grid.draft)) * 1e3, "target": float(np.mean(grid.target)) * 1e3}
     low = {"draft": float(grid.draft.min()) * 1e3, "target": float(grid.target.min()) * 1e3}
     return {

@@ -30,6 +30,7 @@ from decoding.latency import CHAIN_TERMS, TREE_TERMS, LatencyModel, StepRatios
 from decoding.policy import Choice, Policy, StaticPolicy, StepResult
 from decoding.pricing import LOOKUP, PLAIN, VERIFY_REFERENCE, chain_terms, model_ratio, step_ratio, tree_terms
 from decoding.sampling import Sampling
+from .profile import TimedPair
 
 DECIDE = "decide"  # the class of plain steps that compute the target_only features first
 DEFAULT_SAMPLING = Sampling()
@@ -108,23 +109,35 @@ def _classes(actions, lookup_lengths, schema, latency, sink) -> dict[str, tuple[
     return out
 
 
+@dataclass(frozen=True)
+class PriceRounds:
+    """What `measure_step_ratios` decodes besides the drafted actions: prompt lookup chains of ``lookup_lengths``,
+    a deciding step with ``schema``'s features (None: not measured), ``new_tokens`` per decode, ``rounds`` rounds."""
+
+    lookup_lengths: Sequence[int] = ()
+    schema: FeatureSchema | None = None
+    new_tokens: int = 16
+    rounds: int = 4
+    sampling: Sampling = DEFAULT_SAMPLING
+
+
 @torch.inference_mode()
-def measure_step_ratios(target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int,
-                        contexts: Sequence[Sequence[int]], latency: LatencyModel, actions: Sequence[Action],
-                        lookup_lengths: Sequence[int] = (), schema: FeatureSchema | None = None, new_tokens: int = 16,
-                        rounds: int = 4, sampling: Sampling = DEFAULT_SAMPLING, progress: str | None = None
-                        ) -> tuple[StepRatios, dict]:
-    """Decode every step class in ``rounds`` rounds (module docstring; round r starts from
+def measure_step_ratios(pair: TimedPair, contexts: Sequence[Sequence[int]], latency: LatencyModel,
+                        actions: Sequence[Action], plan: PriceRounds = PriceRounds(),
+                        progress: str | None = None) -> tuple[StepRatios, dict]:
+    """Decode every step class in ``plan.rounds`` rounds (module docstring; round r starts from
     ``contexts[r % len(contexts)]``, the classes in an order rotated per round, each between two plain decodes) and
     return ``(StepRatios, by_class)``: the coefficients `decoding.pricing` prices with, and per class its steps, mean
     ratio, its spread over rounds and the fitted ratio (for the record)."""
     from tqdm.auto import tqdm
 
+    rounds, new_tokens, sampling = plan.rounds, plan.new_tokens, plan.sampling
+
     if rounds < 1 or new_tokens < 1 or not contexts:
         raise ValueError("measure_step_ratios needs rounds >= 1, new_tokens >= 1 and at least one context")
     sink: list = []
-    classes = _classes(price_actions(actions), lookup_lengths, schema, latency, sink)
-    decoder = SpeculativeDecoder(target, draft, vocab_size)
+    classes = _classes(price_actions(actions), plan.lookup_lengths, plan.schema, latency, sink)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size)
     keys = [k for k in classes if k != PLAIN]
     steps: list[TimedStep] = []
     bar = tqdm(total=rounds * (2 * len(keys) + 1), desc=progress, unit="decode", disable=progress is None,

@@ -79,9 +79,9 @@ def pair_rows(target, draft, vocab: int, ids: list[int], sampling) -> tuple:
 def run(cfg, args) -> int:
     import torch
 
-    from data_collection.profile import profile_pair, tile_ids
+    from data_collection.profile import Grid, TimedPair, profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
-    from data_collection.step_prices import measure_step_ratios
+    from data_collection.step_prices import PriceRounds, measure_step_ratios
     from data_collection.verify_cost import measure_verify_seconds
     from decoding.features import FeatureSchema
     from decoding.sampling import Sampling
@@ -96,15 +96,15 @@ def run(cfg, args) -> int:
             "dtype": cfg.model.dtype,
             "settings": {"threads_requested": cfg.model.threads, "context_tokens": "decode.prompt, tiled"}}
     sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p)
-    model = profile_pair(target, draft, vocab, ids, p.contexts, p.draft_rows, p.target_tokens, p.repeats,
-                         p.warmup, p.feature_repeats, sampling, progress=None if args.no_progress else "profile",
-                         meta=meta)
+    pair = TimedPair(target, draft, vocab)
+    grid = Grid(p.contexts, p.draft_rows, p.target_tokens, p.repeats, p.warmup, sampling)
+    model = profile_pair(pair, ids, grid, p.feature_repeats, None if args.no_progress else "profile", meta)
     if p.price_rounds:  # whole engine steps as ratios to plain steps of the same rounds (decoding/pricing.py)
         schema = FeatureSchema.for_pair("target_only", target.config.hidden_size, target.config.hidden_size)
-        ratios, by_class = measure_step_ratios(
-            target, draft, vocab, [tile_ids(ids, c) for c in p.price_contexts], model, list(cfg.actions.space()),
-            p.lookup_lengths, schema, p.price_tokens, p.price_rounds, sampling,
-            None if args.no_progress else "step prices")
+        plan = PriceRounds(p.lookup_lengths, schema, p.price_tokens, p.price_rounds, sampling)
+        ratios, by_class = measure_step_ratios(pair, [tile_ids(ids, c) for c in p.price_contexts], model,
+                                               list(cfg.actions.space()), plan,
+                                               None if args.no_progress else "step prices")
         model = dataclasses.replace(model, step_ratios=ratios, meta={**model.meta, "step_ratios_by_class": by_class})
     if p.verify_repeats:  # each method's verify call per shape, on trees of the pair's own rows
         q_pool, p_pool = pair_rows(target, draft, vocab, ids[: min(p.contexts[-1], 256)], sampling)

@@ -164,7 +164,7 @@ def evaluate(cfg, target, tokenizer, draft, test: list) -> dict:
     settings (overall, by prompt source and by target entropy), step-time ratio, expected chain efficiency."""
     import torch
 
-    from data_collection.profile import step_times, tile_ids
+    from data_collection.profile import TimedPair, step_times, tile_ids
     from models.draft_data import breakdown, chain_block_efficiency, position_stats
     from models.loading import common_vocab_size
 
@@ -184,8 +184,8 @@ def evaluate(cfg, target, tokenizer, draft, test: list) -> dict:
         for n in (2, 4, 6):
             metrics[f"expected_chain_block_efficiency_L{n}_{name}"] = chain_block_efficiency(acc, n)
     ids = test[0].prompt_ids
-    metrics.update(step_times(target, draft, tile_ids(ids, td.timing_context),
-                              common_vocab_size(target, draft, tokenizer), reps=td.timing_reps))
+    pair = TimedPair(target, draft, common_vocab_size(target, draft, tokenizer))
+    metrics.update(step_times(pair, tile_ids(ids, td.timing_context), reps=td.timing_reps))
     return metrics
 
 

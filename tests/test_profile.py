@@ -9,7 +9,7 @@ import torch
 from engine_helpers import VOCAB, untied_pair
 from tiny_models import tiny_lm
 
-from data_collection.profile import profile_pair, step_times, tile_ids, time_grid
+from data_collection.profile import Grid, TimedPair, profile_pair, step_times, tile_ids, time_grid
 from decoding import pricing
 from decoding.actions import Action, ActionSpace
 from decoding.engine.cache import KVState
@@ -27,8 +27,8 @@ def pair():
 
 def test_tiny_profile_is_a_valid_latency_model(pair, one_thread, tmp_path):
     target, draft = pair
-    m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 16], draft_rows=[1, 2, 3],
-                     target_tokens=[1, 2, 5], repeats=2, warmup=1, feature_repeats=3, meta={"target": "tiny"})
+    m = profile_pair(TimedPair(target, draft, VOCAB), list(range(3, 40)), Grid([4, 16], [1, 2, 3], [1, 2, 5], 2, 1),
+                     feature_repeats=3, meta={"target": "tiny"})
     assert m.draft_seconds.shape == (2, 3) and m.target_seconds.shape == (2, 3)
     assert np.all(m.draft_seconds > 0) and np.all(m.target_seconds > 0) and m.feature_seconds > 0
     assert m.meta["target"] == "tiny" and m.meta["threads"] == 1 and "torch" in m.meta["versions"]
@@ -39,16 +39,16 @@ def test_tiny_profile_is_a_valid_latency_model(pair, one_thread, tmp_path):
 
 
 def test_step_ratios_decode_every_class_in_rounds_and_price_them_against_plain_steps(pair, one_thread):
-    from data_collection.step_prices import DECIDE, measure_step_ratios
+    from data_collection.step_prices import DECIDE, PriceRounds, measure_step_ratios
     from decoding.features import FeatureSchema
 
     target, draft = pair
-    m = profile_pair(target, draft, VOCAB, list(range(3, 40)), contexts=[4, 32], draft_rows=[1, 2, 3],
-                     target_tokens=[1, 2, 3, 4, 5, 6], repeats=2, warmup=1, feature_repeats=3)
+    m = profile_pair(TimedPair(target, draft, VOCAB), list(range(3, 40)),
+                     Grid([4, 32], [1, 2, 3], [1, 2, 3, 4, 5, 6], 2, 1), feature_repeats=3)
     actions = [Action(1, 0, 0), Action(2, 0, 1), Action(1, 2, 0)]
     schema = FeatureSchema.for_pair("target_only", target.config.hidden_size, draft.config.hidden_size)
-    ratios, by_class = measure_step_ratios(target, draft, VOCAB, [list(range(3, 12)), list(range(5, 20))], m, actions,
-                                           [1, 2], schema, new_tokens=4, rounds=2)
+    ratios, by_class = measure_step_ratios(TimedPair(target, draft, VOCAB), [list(range(3, 12)), list(range(5, 20))],
+                                           m, actions, PriceRounds([1, 2], schema, new_tokens=4, rounds=2))
     assert set(by_class) == {"plain", DECIDE, "traversal:2,0,1", "traversal:1,2,0", "lookup:1", "lookup:2"}
     assert by_class["plain"]["ratio"] == pytest.approx(1.0)  # each round's plain steps over their own mean
     for row in by_class.values():  # the mean of all steps lies between the rounds' means (up to float rounding)
@@ -109,8 +109,7 @@ def test_step_ratios_cancel_phases_and_fit_the_line_the_steps_follow():
 
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
     target, draft = pair
-    grid = time_grid(target, draft, VOCAB, [5, 6, 7], contexts=[3, 8], draft_rows=[1, 4], target_tokens=[1, 3],
-                     repeats=3, warmup=0)
+    grid = time_grid(TimedPair(target, draft, VOCAB), [5, 6, 7], Grid([3, 8], [1, 4], [1, 3], repeats=3, warmup=0))
     assert grid.draft.shape == (2, 2, 3) and grid.target.shape == (2, 2, 3) and np.all(grid.draft > 0)
     p, q_prev, q_root = grid.rows
     for row in (p, q_prev, q_root):  # real transformed rows, as the engine hands them to the features
@@ -119,7 +118,7 @@ def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one
 
 def test_step_times_keeps_train_drafts_metric_keys(pair, one_thread):
     target, draft = pair
-    out = step_times(target, draft, tile_ids([4, 5, 6], 20), VOCAB, reps=3, warmup=1)
+    out = step_times(TimedPair(target, draft, VOCAB), tile_ids([4, 5, 6], 20), reps=3, warmup=1)
     assert out["context_tokens"] == 20 and out["reps"] == 3 and out["threads"] == 1
     assert out["step_time_ratio"] == pytest.approx(out["draft_step_ms"] / out["target_step_ms"])
     assert 0 < out["draft_step_ms_min"] <= out["draft_step_ms"]
