@@ -23,7 +23,7 @@ from torch import nn
 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
-from decoding.engine.drafting import draft_tree
+from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import (
     attention_mask,
@@ -148,7 +148,7 @@ def step_split(target: nn.Module, draft: nn.Module, vocab: int, context: list[in
         state["q_root"] = prob_rows(logits[-1], sampling, vocab)
 
     def tree():
-        state["tree"] = draft_tree(kv_d, ctx, state["q_root"], action, sampling, vocab, rng).tree
+        state["tree"] = draft_tree(DraftRoot(kv_d, state["q_root"]), action, DraftRule(sampling, vocab), rng).tree
         kv_d.crop(ctx + 1)
 
     def mask():

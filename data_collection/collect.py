@@ -29,7 +29,7 @@ import torch
 
 from decoding.actions import ActionSpace
 from decoding.engine.cache import KVState
-from decoding.engine.drafting import draft_layout
+from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import (
     causal_allowed,
@@ -175,7 +175,8 @@ class RootCollector:
         """Ê(c, a) at root r: mean over the forest's union trees, per method (and its standard error)."""
         t0 = time.perf_counter()
         draft_kv = kv_d.fork(r + 1)  # context + root
-        drafted = draft_layout(draft_kv, r, q_root, self.parents, self.depths, sampling, self.vocab_size, rng)
+        drafted = draft_layout(DraftRoot(draft_kv, q_root), self.parents, self.depths,
+                               DraftRule(sampling, self.vocab_size), rng)
         t1 = time.perf_counter()
         forest = DraftTree(self.space.max_action, drafted.tokens, self.parents, self.depths, self.children,
                            drafted.q_rows)

@@ -30,6 +30,7 @@ from decoding.latency import CHAIN_TERMS, TREE_TERMS, LatencyModel, StepRatios
 from decoding.policy import Choice, Policy, StaticPolicy, StepResult
 from decoding.pricing import LOOKUP, PLAIN, VERIFY_REFERENCE, chain_terms, model_ratio, step_ratio, tree_terms
 from decoding.sampling import Sampling
+
 from .profile import TimedPair
 
 DECIDE = "decide"  # the class of plain steps that compute the target_only features first

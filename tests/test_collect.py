@@ -100,11 +100,11 @@ def test_forest_rows_equal_full_forwards(pair, one_thread):
     r = 20
     collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=2)
     pre = collector._prefill(seq, [r], sampling)
-    from decoding.engine.drafting import draft_layout
+    from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
     from decoding.engine.tree_pass import target_tree_pass
 
-    drafted = draft_layout(pre["kv_d"].fork(r + 1), r, pre["q_root"][0], collector.parents, collector.depths,
-                           sampling, VOCAB, np.random.default_rng(0))
+    drafted = draft_layout(DraftRoot(pre["kv_d"].fork(r + 1), pre["q_root"][0]), collector.parents, collector.depths,
+                           DraftRule(sampling, VOCAB), np.random.default_rng(0))
     forest = DraftTree(SPACE.max_action, drafted.tokens, collector.parents, collector.depths, collector.children,
                        drafted.q_rows)
     logits, _ = target_tree_pass(pre["kv_t"].fork(r), seq[r], forest)
@@ -131,12 +131,12 @@ def test_union_labels_equal_each_actions_own_tree(pair, one_thread):
     seq = list(np.random.default_rng(3).integers(0, VOCAB, 30))
     collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=1)
     pre = collector._prefill(seq, [25], sampling)
-    from decoding.engine.drafting import draft_layout
+    from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
     from decoding.engine.tree_pass import target_tree_pass
 
     parents, depths, _ = union_layout(SPACE)
-    drafted = draft_layout(pre["kv_d"].fork(26), 25, pre["q_root"][0], parents, depths, sampling, VOCAB,
-                           np.random.default_rng(5))
+    drafted = draft_layout(DraftRoot(pre["kv_d"].fork(26), pre["q_root"][0]), parents, depths,
+                           DraftRule(sampling, VOCAB), np.random.default_rng(5))
     union = union_from_tokens(SPACE, drafted.tokens, drafted.q_rows)
     logits, _ = target_tree_pass(pre["kv_t"].fork(25), seq[25], union.tree)
     p_rows = prob_rows(logits, sampling, VOCAB)

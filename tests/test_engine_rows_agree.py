@@ -68,8 +68,8 @@ def test_forest_decoder_and_causal_rows_agree(smollm2_pair, real_self_draft, mon
     # 1. the collection: one prefill per model, the forest drafted below the root, one target pass over it
     collector = RootCollector(pair.target, draft, vocab, space, ["traversal"], num_trees=4, seed=0)
     pre = collector._prefill(seq, [r], SAMPLING)
-    forest = drafting.draft_layout(pre["kv_d"].fork(r + 1), r, pre["q_root"][0], collector.parents,
-                                   collector.depths, SAMPLING, vocab, np.random.default_rng(3))
+    forest = drafting.draft_layout(drafting.DraftRoot(pre["kv_d"].fork(r + 1), pre["q_root"][0]), collector.parents,
+                                   collector.depths, drafting.DraftRule(SAMPLING, vocab), np.random.default_rng(3))
     tree_f = DraftTree(space.max_action, forest.tokens, collector.parents, collector.depths, collector.children,
                        forest.q_rows)
     with torch.inference_mode():
@@ -90,8 +90,8 @@ def test_forest_decoder_and_causal_rows_agree(smollm2_pair, real_self_draft, mon
         calls = iter(range(1, len(tokens) + 1))
         monkeypatch.setattr(drafting, "draw", lambda rows, rng, count=1: np.full((rows.shape[0], 1),
                                                                                 depth_token[next(calls)]))
-        dec = drafting.draft_tree(state.kv_d, len(state.kv_d) - 1, q_root_dec, space.max_action, SAMPLING, vocab,
-                                  np.random.default_rng(0))
+        dec = drafting.draft_tree(drafting.DraftRoot(state.kv_d, q_root_dec), space.max_action,
+                                  drafting.DraftRule(SAMPLING, vocab), np.random.default_rng(0))
         p_dec = prob_rows(target_tree_pass(state.kv_t, seq[r], dec.tree)[0], SAMPLING, vocab)
 
     worst_q = worst_p = 0.0

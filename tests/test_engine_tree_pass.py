@@ -17,7 +17,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, 
 
 from decoding.actions import Action
 from decoding.engine.cache import KVState
-from decoding.engine.drafting import draft_tree
+from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
 from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
 from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.sampling import Sampling
@@ -89,7 +89,7 @@ def test_pruned_caches_continue_like_a_fresh_forward(kind):
     q_logits = prefill(kv_d, context + [root])[0]
     q_root = to_numpy_rows(transform_logits(q_logits, sampling, V))
     action = Action(3, 2, 2)
-    drafted = draft_tree(kv_d, len(kv_d) - 1, q_root, action, sampling, V, rng)
+    drafted = draft_tree(DraftRoot(kv_d, q_root), action, DraftRule(sampling, V), rng)
     tree = drafted.tree
     # the draft rows kept for verification equal the draft's own separate forwards
     for i in range(tree.num_nodes):

@@ -13,7 +13,7 @@ from data_collection.profile import Grid, TimedPair, profile_pair, step_times, t
 from decoding import pricing
 from decoding.actions import Action, ActionSpace
 from decoding.engine.cache import KVState
-from decoding.engine.drafting import draft_tree
+from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
 from decoding.engine.tree_pass import prefill
 from decoding.latency import LatencyModel, StepRatios
 from decoding.pricing import draft_forwards
@@ -139,7 +139,7 @@ def test_priced_draft_forwards_are_the_forwards_the_engine_makes(action, one_thr
         calls.clear()
         logits, _ = prefill(kv, [20])  # the root's draft step
         q_root = torch.softmax(logits.float(), -1).double().numpy()
-        draft_tree(kv, len(kv) - 1, q_root, action, Sampling(), VOCAB, np.random.default_rng(0))
+        draft_tree(DraftRoot(kv, q_root), action, DraftRule(Sampling(), VOCAB), np.random.default_rng(0))
     _, rel, rows = draft_forwards([action])
     assert calls == list(zip((l + rel).tolist(), rows.tolist(), strict=True))
 

@@ -13,7 +13,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import Action
 from decoding.engine import SpeculativeDecoder
 from decoding.engine.cache import KVState
-from decoding.engine.drafting import draft_stop_chain, draft_tree
+from decoding.engine.drafting import DraftRoot, DraftRule, draft_stop_chain, draft_tree
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import causal_allowed, forward_nodes
 from decoding.exact import (
@@ -98,11 +98,12 @@ def test_drafting_stops_where_the_rule_says_and_matches_the_fixed_chain():
     _, draft = untied_pair(seed=0, noise=0.3)
     prompt = [3, 7, 1, 9, 4]
     kv, q_root = _root_cache(draft, prompt)
-    full = draft_tree(kv, len(kv) - 1, q_root, Action(1, 6, 0), Sampling(), VOCAB, np.random.default_rng(5))
+    full = draft_tree(DraftRoot(kv, q_root), Action(1, 6, 0), DraftRule(Sampling(), VOCAB), np.random.default_rng(5))
     confidences = full.tree.q_rows[:6].max(axis=1)
     for threshold in (0.0, float(np.median(confidences)), 1.0):
         kv, q_root = _root_cache(draft, prompt)
-        got = draft_stop_chain(kv, len(kv) - 1, q_root, 6, threshold, Sampling(), VOCAB, np.random.default_rng(5))
+        got = draft_stop_chain(DraftRoot(kv, q_root), 6, threshold, DraftRule(Sampling(), VOCAB),
+                               np.random.default_rng(5))
         n = stop_length(full.tree.q_rows, 6, threshold)
         assert got.tree.action == Action(1, n, 0)
         np.testing.assert_array_equal(got.tree.tokens, full.tree.tokens[: n + 1])

@@ -36,7 +36,7 @@ from ..tree import build_tree, proposal_tree
 from ..verifiers import get_method
 from ..verifiers.base import VerificationMethod
 from .cache import KVState
-from .drafting import draft_stop_chain, draft_tree
+from .drafting import DraftRoot, DraftRule, draft_stop_chain, draft_tree
 from .stats import DecodeStats, Timer
 from .torch_sampling import prob_rows
 from .tree_pass import causal_allowed, forward_nodes, hidden_numpy, input_embeddings, target_tree_pass
@@ -165,12 +165,11 @@ class SpeculativeDecoder:
             check_supported(verifier, action)
             if root_step[0] is None:  # no features this step: the row before the root is not needed
                 *root_step, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock, prev=False)
-            args = (state.kv_d, len(state.kv_d) - 1, root_step[0])
+            root, rule = DraftRoot(state.kv_d, *root_step), DraftRule(sampling, self.vocab_size, hidden)
             if choice.stop_below is None:
-                drafted = draft_tree(*args, action, sampling, self.vocab_size, rng, hidden, root_step[1])
+                drafted = draft_tree(root, action, rule, rng)
             else:
-                drafted = draft_stop_chain(*args, action.L1, choice.stop_below, sampling, self.vocab_size, rng,
-                                           hidden, root_step[1])
+                drafted = draft_stop_chain(root, action.L1, choice.stop_below, rule, rng)
             tree, action = drafted.tree, drafted.tree.action  # the realized shape
             stats.time_draft += clock.lap()
         else:

@@ -29,6 +29,26 @@ from .tree_pass import forward_nodes, hidden_numpy
 
 
 @dataclass
+class DraftRoot:
+    """Where drafting starts: the draft cache, which ends at the root (its last slot); ``q_root`` ``[V]``, q(.|root)
+    after the sampling transform; ``h_root``, the root's hidden state (kept as ``hidden[0]`` when asked for)."""
+
+    kv: KVState
+    q_root: np.ndarray
+    h_root: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class DraftRule:
+    """How nodes are drafted: rows transformed by ``sampling`` over the first ``vocab_size`` tokens; with
+    ``hidden``, the fed nodes' last-layer hidden states are kept."""
+
+    sampling: Sampling
+    vocab_size: int
+    hidden: bool = False
+
+
+@dataclass
 class DraftedLayout:
     """Drafted tokens of a layout and where its fed nodes live in the draft cache."""
 
@@ -49,23 +69,20 @@ class DraftedTree:
     forwards: int
 
 
-def draft_layout(kv: KVState, root_slot: int, q_root: np.ndarray, parents: np.ndarray, depths: np.ndarray,
-                 sampling: Sampling, vocab_size: int, rng: np.random.Generator,
-                 hidden: bool = False, h_root: np.ndarray | None = None) -> DraftedLayout:
-    """Draft the layout ``parents`` / ``depths`` ``[n]`` below the root, already processed at ``root_slot``.
-
-    ``q_root`` ``[V]`` is q(.|root) after the sampling transform; ``h_root`` its hidden state (kept as
-    ``hidden[0]``). Slots before ``root_slot`` are the context; the root must be the last slot."""
-    if root_slot != len(kv) - 1:
-        raise RuntimeError(f"draft cache must end at the root (root slot {root_slot}, {len(kv)} slots)")
+def draft_layout(root: DraftRoot, parents: np.ndarray, depths: np.ndarray, rule: DraftRule,
+                 rng: np.random.Generator) -> DraftedLayout:
+    """Draft the layout ``parents`` / ``depths`` ``[n]`` below ``root`` (the cache's slots before the root are the
+    context)."""
+    kv, sampling, vocab_size, hidden = root.kv, rule.sampling, rule.vocab_size, rule.hidden
+    root_slot = len(kv) - 1
     n = parents.shape[0]
     has_child = np.zeros(n, dtype=bool)
     has_child[parents[1:]] = True
     tokens = np.full(n, -1, dtype=np.int64)
     q_rows = np.zeros((n, vocab_size), dtype=np.float64)  # [n, V]
-    q_rows[0] = q_root
+    q_rows[0] = root.q_root
     node_slots = {0: root_slot}
-    hid: dict[int, np.ndarray] | None = {0: h_root} if hidden else None
+    hid: dict[int, np.ndarray] | None = {0: root.h_root} if hidden else None
     root_pos = kv.positions[root_slot]
     forwards = 0
     for d in range(1, int(depths.max(initial=0)) + 1):
@@ -104,26 +121,23 @@ def draw_children(q_rows: np.ndarray, parents: np.ndarray, rng: np.random.Genera
     return np.concatenate([draw(q_rows[parents[run[0]]][None], rng, run.shape[0])[0] for run in runs])
 
 
-def draft_tree(kv: KVState, root_slot: int, q_root: np.ndarray, action: Action, sampling: Sampling,
-               vocab_size: int, rng: np.random.Generator, hidden: bool = False,
-               h_root: np.ndarray | None = None) -> DraftedTree:
+def draft_tree(root: DraftRoot, action: Action, rule: DraftRule, rng: np.random.Generator) -> DraftedTree:
     """Draft ``action``'s tree (node order of `decoding.tree.tree_layout`) below the root."""
     parents, depths = tree_layout(action)
-    d = draft_layout(kv, root_slot, q_root, parents, depths, sampling, vocab_size, rng, hidden, h_root)
+    d = draft_layout(root, parents, depths, rule, rng)
     return DraftedTree(build_tree(action, d.tokens, d.q_rows), d.node_slots, d.hidden, d.forwards)
 
 
-def draft_stop_chain(kv: KVState, root_slot: int, q_root: np.ndarray, max_length: int, stop_below: float,
-                     sampling: Sampling, vocab_size: int, rng: np.random.Generator, hidden: bool = False,
-                     h_root: np.ndarray | None = None) -> DraftedTree:
+def draft_stop_chain(root: DraftRoot, max_length: int, stop_below: float, rule: DraftRule,
+                     rng: np.random.Generator) -> DraftedTree:
     """Draft a chain below the root token by token: draw x_i from q_{i-1} and stop after it when ``max q_{i-1} <
     stop_below`` or ``i = max_length`` (`decoding.threshold_chain`'s rule); a token is fed to the draft only when the
     chain continues. The tree's action is the realized chain ``(1, n, 0)``."""
-    if root_slot != len(kv) - 1:
-        raise RuntimeError(f"draft cache must end at the root (root slot {root_slot}, {len(kv)} slots)")
-    tokens, rows = [-1], [np.asarray(q_root, dtype=np.float64)]
+    kv, sampling, vocab_size, hidden = root.kv, rule.sampling, rule.vocab_size, rule.hidden
+    root_slot = len(kv) - 1
+    tokens, rows = [-1], [np.asarray(root.q_root, dtype=np.float64)]
     node_slots = {0: root_slot}
-    hid = {0: h_root} if hidden else None
+    hid = {0: root.h_root} if hidden else None
     root_pos = kv.positions[root_slot]
     while True:
         i = len(tokens)  # the node drawn now, from rows[i - 1]
