@@ -81,7 +81,7 @@ def decode_rows(pair, prompts: list, args) -> list[dict]:
     """Chain speculative decoding (naive, K = 1, L2 = each of ``--chain``) vs autoregressive on ``prompts``, per
     temperature: block efficiency and tokens/s, with the speedup over autoregressive at that temperature."""
     from decoding.actions import Action
-    from decoding.engine import generate
+    from decoding.engine import SpeculativeDecoder
     from decoding.sampling import Sampling
     from models.loading import eos_ids
 
@@ -96,9 +96,8 @@ def decode_rows(pair, prompts: list, args) -> list[dict]:
             seconds = 0.0
             for i, prompt in enumerate(prompts):
                 start = time.perf_counter()
-                out = generate(pair.target, pair.draft, prompt, args.max_new_tokens, method=method,
-                               policy=action or Action(1, 0, 1), sampling=sampling, seed=i,
-                               vocab_size=pair.vocab_size, eos_token_ids=eos)
+                decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos)
+                out = decoder.generate(prompt, args.max_new_tokens, method, action or Action(1, 0, 1), sampling, i)
                 seconds += time.perf_counter() - start
                 tokens += out.stats.new_tokens
                 passes += out.stats.steps

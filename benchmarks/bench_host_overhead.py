@@ -82,8 +82,8 @@ def ours_ms(decoder, prompt: list[int], step_class: str, tokens: int) -> dict:
         kwargs = {"method": "autoregressive"}
     else:
         kwargs = {"policy": proposal_policy(proposal) if proposal else parse_action(name)}
-    timings = []
-    stats = decoder.generate(prompt, tokens, seed=0, on_step=lambda _s, r: timings.append(r.timing), **kwargs).stats
+    result = decoder.generate(prompt, tokens, seed=0, **kwargs)
+    stats, timings = result.stats, [r.timing for r in result.steps]
     parts = {"draft": sum(t.draft_seconds - t.draft_prefill_seconds for t in timings),
              "target": sum(t.target_seconds for t in timings), "verify": stats.time_verify,
              "choose": stats.time_selector}

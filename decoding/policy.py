@@ -67,7 +67,7 @@ class StepTiming:
 
 @dataclass
 class StepResult:
-    """One finished step: what a policy's ``observe`` is told and ``generate``'s ``on_step`` receives."""
+    """One finished step: what a policy's ``observe`` is told and ``generate``'s result lists (features dropped)."""
 
     action: Action  # the realized shape (a stop rule's chain as drafted)
     method: str | None  # the verification method of this step (None for an empty tree)

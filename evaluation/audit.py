@@ -2,7 +2,7 @@
 
 Every run of stage evaluate records, per step class (plain, ``lookup:n``, ``<method>:K,L1,L2``), its steps, their
 measured seconds (the decoder's own timing, the draft's prompt prefill excluded) and their modelled seconds at the
-same context lengths (`evaluation.online.StepRecorder`). Summed over a policy's runs:
+same context lengths (`evaluation.online.priced`). Summed over a policy's runs:
 
 - ``measured_over_modelled``: how much slower than the model its steps ran; a machine phase moves every policy alike;
 - ``relative_to_autoregressive``: that ratio over autoregressive's in the same run. A phase cancels here; a wrong

@@ -31,7 +31,6 @@ Terms:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -199,38 +198,34 @@ def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter, pr
             "priced": priced}
 
 
-class StepRecorder:
-    """``generate``'s ``on_step`` hook of one run: the (method, action) of every step (``choices``) and its steps
-    without their features (``steps``). The hook runs inside the timed decode, so it only records; `priced` prices
-    the steps after the decode."""
-
-    def __init__(self) -> None:
-        self.choices: Counter = Counter()
-        self.steps: list = []  # decoding.policy.StepResult, features dropped (they hold [V] rows)
-
-    def __call__(self, state, step) -> None:
+def step_choices(steps: Sequence) -> Counter:
+    """How often one run's steps (`decoding.policy.StepResult`) took each (method, action)."""
+    choices: Counter = Counter()
+    for step in steps:
         empty = step.action.tree_size == 0
         tag = f"+{LOOKUP_TAG}" if step.lookup else ""
-        self.choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
-        self.steps.append(dataclasses.replace(step, features=None))
+        choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
+    return choices
 
-    def priced(self, policy: EvalPolicy, latency: LatencyModel | None) -> dict[str, list[float]]:
-        """Per step class (`decoding.pricing.step_class`): ``[steps, measured seconds (prefill excluded), modelled
-        seconds]`` (`decoding.pricing.price_step`, with what deciding costs ``policy``); {} without a profile."""
-        out: dict[str, list[float]] = {}
-        for step in self.steps if latency is not None else ():
-            row = out.setdefault(pricing.step_class(step.action, step.method, step.lookup), [0, 0.0, 0.0])
-            row[0] += 1
-            row[1] += step.timing.step_seconds
-            row[2] += pricing.price_step(latency, step, policy.features, policy.inference_seconds)
-        return out
+
+def priced(steps: Sequence, policy: EvalPolicy, latency: LatencyModel | None) -> dict[str, list[float]]:
+    """Per step class (`decoding.pricing.step_class`) of one run's steps: ``[steps, measured seconds (prefill
+    excluded), modelled seconds]`` (`decoding.pricing.price_step`, with what deciding costs ``policy``); {} without a
+    profile."""
+    out: dict[str, list[float]] = {}
+    for step in steps if latency is not None else ():
+        row = out.setdefault(pricing.step_class(step.action, step.method, step.lookup), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += step.timing.step_seconds
+        row[2] += pricing.price_step(latency, step, policy.features, policy.inference_seconds)
+    return out
 
 
 def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_new_tokens: int,
                  seeds: Sequence[int], warmup: bool = True, progress: Callable[[int, int], None] | None = None,
                  latency: LatencyModel | None = None) -> list[dict]:
     """Every policy decodes every (unit, seed) with `SpeculativeDecoder.generate`; one record per run (each step
-    priced by ``latency`` when given: `StepRecorder`)."""
+    priced by ``latency`` when given: `priced`)."""
     if warmup and units:  # first calls pay one-time costs (allocator, kernels, ONNX session): untimed
         u = units[0]
         for p in policies:
@@ -240,12 +235,11 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_n
     for k, (u, seed) in enumerate((u, s) for u in units for s in seeds):
         order = list(policies[k % len(policies):]) + list(policies[: k % len(policies)])
         for p in order:
-            recorder = StepRecorder()
             if not isinstance(p.policy, Action):  # a stateful policy starts every run fresh
                 p.policy.reset()
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
-                                   Sampling(u.temperature, u.top_p), int(seed), on_step=recorder)
-            runs.append(_run_record(u, seed, p, res.stats, recorder.choices, recorder.priced(p, latency)))
+                                   Sampling(u.temperature, u.top_p), int(seed))
+            runs.append(_run_record(u, seed, p, res.stats, step_choices(res.steps), priced(res.steps, p, latency)))
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -31,3 +31,10 @@ def untied_pair(seed: int = 0, noise: float = 0.6, head_scale: float = 3.0) -> t
         for p in draft.parameters():
             p.add_(noise * p.std() * torch.randn_like(p))
     return target.eval(), draft.eval()
+
+
+def generate(target, draft, prompt, max_new_tokens, **options):
+    """`SpeculativeDecoder.generate` of a fresh decoder over the target's whole head (the tests' shorthand)."""
+    from decoding.engine import SpeculativeDecoder
+
+    return SpeculativeDecoder(target, draft).generate(prompt, max_new_tokens, **options)

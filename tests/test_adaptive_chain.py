@@ -37,13 +37,15 @@ def test_rule_grows_on_full_acceptance_shrinks_on_rejection_and_restarts_on_a_ne
 def test_inferred_acceptance_matches_the_decoder():
     target, draft = untied_pair(seed=0, noise=0.3)
     dec = SpeculativeDecoder(target, draft, VOCAB)
-    pol = AdaptiveChain(max_length=5, initial=1, decay=0.5)
     seen = []
 
-    def record(state, step):
-        seen.append((step.action, len(step.tokens) - 1, pol.avg, pol.length))
+    class Recorded(AdaptiveChain):  # what the policy knew after each step
+        def observe(self, step):
+            super().observe(step)
+            seen.append((step.action, len(step.tokens) - 1, self.avg, self.length))
 
-    dec.generate([1, 5, 9, 3], 40, "naive", pol, Sampling(), seed=3, on_step=record)
+    pol = Recorded(max_length=5, initial=1, decay=0.5)
+    dec.generate([1, 5, 9, 3], 40, "naive", pol, Sampling(), seed=3)
     assert len(seen) > 3 and all(a.K == 1 and a.L2 == 0 and a.L1 >= 1 for a, *_ in seen)
     avg, length = 0.0, 1
     for i, (action, accepted, _, _) in enumerate(seen):

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from engine_helpers import VOCAB, untied_pair
+from engine_helpers import VOCAB, generate, untied_pair
 
 from decoding.actions import Action
-from decoding.engine import AUTOREGRESSIVE, Policy, RootFeatures, SpeculativeDecoder, generate
+from decoding.engine import AUTOREGRESSIVE, Policy, RootFeatures, SpeculativeDecoder
 from decoding.engine.torch_sampling import transform_logits
 from decoding.sampling import Sampling, transform_logits_np
 from decoding.verifiers import METHODS

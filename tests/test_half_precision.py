@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_helpers import VOCAB, untied_pair
+from engine_helpers import VOCAB, generate, untied_pair
 
 from decoding.actions import Action, ActionSpace
-from decoding.engine import AUTOREGRESSIVE, generate
+from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.engine.cache import KVState
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import (
@@ -189,7 +189,6 @@ def test_greedy_identity_on_the_embedded_pair_in_bfloat16():
     draft = noisy_draft(target, 0.5)
     assert next(target.parameters()).dtype == torch.bfloat16 and next(draft.parameters()).dtype == torch.bfloat16
     vocab = target.get_output_embeddings().weight.shape[0]
-    from decoding.engine import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(target, draft, vocab)
     ar = decoder.generate(prompt, 16, AUTOREGRESSIVE, sampling=Sampling(0.0)).tokens

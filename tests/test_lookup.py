@@ -160,14 +160,15 @@ def test_sampled_lookup_steps_keep_both_caches_whole():
     decoder = SpeculativeDecoder(target, draft, VOCAB)
     prompt = _repetitive_prompt()
     state = decoder.start(prompt, Sampling(1.0))
+    from decoding.engine.decoder import DecodeRun
     from decoding.engine.stats import DecodeStats, Timer
 
-    stats, clock, rng = DecodeStats("traversal"), Timer(torch.device("cpu")), np.random.default_rng(0)
     policy = LookupFirst(StaticPolicy(Action(1, 1, 0)), length=3, max_ngram=1)
-    verifier = get_method("traversal")
+    run = DecodeRun(policy, get_method("traversal"), Sampling(1.0), np.random.default_rng(0), DecodeStats("traversal"),
+                    Timer(torch.device("cpu")), hidden=False)
     kinds = set()
     for _ in range(25):
-        res = decoder.step(state, policy, verifier, Sampling(1.0), rng, stats, clock)
+        res = decoder.step(state, run)
         kinds.add(res.lookup)
         assert not res.lookup or res.action.tree_size > 0
         assert len(state.kv_t) == len(state.prompt) + len(state.out) - 1

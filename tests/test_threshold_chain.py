@@ -114,10 +114,8 @@ def test_drafting_stops_where_the_rule_says_and_matches_the_fixed_chain():
 def _decode_steps(policy, sampling, seed=3, n=40):
     target, draft = untied_pair(seed=0, noise=0.3)
     dec = SpeculativeDecoder(target, draft, VOCAB)
-    steps = []
-    res = dec.generate([1, 5, 9, 3], n, "naive", policy, sampling, seed=seed,
-                       on_step=lambda state, step: steps.append(step))
-    return dec, res, steps
+    res = dec.generate([1, 5, 9, 3], n, "naive", policy, sampling, seed=seed)
+    return dec, res, res.steps
 
 
 def test_the_decoder_drafts_through_the_policy_hook_and_records_the_realized_chain():

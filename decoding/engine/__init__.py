@@ -4,7 +4,7 @@
 - `tree_pass`: forward passes over tree nodes with ancestor-only additive masks.
 - `torch_sampling`: logits -> transformed probability rows (torch side of `decoding.sampling`).
 - `drafting`: any tree layout level by level (one action's tree, or the union tree of labels).
-- `decoder`: the decode loop (`SpeculativeDecoder.generate`; the function `generate`), a loop over one `step`
+- `decoder`: the decode loop (`SpeculativeDecoder.generate`), a loop over one `step`
   (choose -> draft -> target pass -> verify ->
   prune), and its statistics (`stats`). Policies and the selector protocol: `decoding.policy`.
 """
@@ -18,7 +18,6 @@ _EXPORTS = {
     "DecodeResult": ".decoder",
     "DecodeState": ".decoder",
     "SpeculativeDecoder": ".decoder",
-    "generate": ".decoder",
     "DecodeStats": ".stats",
     "Policy": "..policy",
     "RootFeatures": "..policy",

@@ -22,6 +22,7 @@ All randomness (draft draws and verification) comes from one ``numpy.random.Gene
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -70,21 +71,51 @@ class DecodeState:
 
 
 @dataclass
+class DecodeRun:
+    """What every step of one decode shares: the policy, the verification method it starts with (None:
+    autoregressive), the sampling transform, the random generator, the statistics, the clock, and whether the
+    policy's features need hidden states."""
+
+    policy: Policy
+    verifier: VerificationMethod | None
+    sampling: Sampling
+    rng: np.random.Generator
+    stats: DecodeStats
+    clock: Timer
+    hidden: bool
+
+
+@dataclass
+class _Verified:
+    """Steps 2-4's outcome that pruning needs: the verified tree, its drafting (None without drafted nodes), the
+    accepted nodes, the emitted token and ``(q_root, h_q_root)`` when the draft saw the root this step."""
+
+    tree: object  # decoding.tree.DraftTree
+    drafted: object  # drafting.DraftedTree | None
+    accepted: list[int]
+    emitted: int
+    root_step: tuple
+
+
+@dataclass
 class DecodeResult:
     tokens: list[int]  # new tokens (EOS included when it ended the run)
     stats: DecodeStats
+    steps: list[StepResult] = field(default_factory=list)  # every step, its features dropped (they hold [V] rows)
 
 
 class SpeculativeDecoder:
     """A target/draft pair ready to decode (models in eval mode, on one device, same vocabulary).
 
-    ``vocab_size``: the common vocabulary both models' logits are cut to. ``draft`` may be None for
-    autoregressive decoding only. ``eos_token_ids``: decoding stops after emitting any of them."""
+    ``vocab_size``: the common vocabulary both models' logits are cut to (default: the target's head). ``draft`` may
+    be None for autoregressive decoding only. ``eos_token_ids``: decoding stops after emitting any of them."""
 
-    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, vocab_size: int,
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, vocab_size: int | None = None,
                  eos_token_ids: Iterable[int] = ()) -> None:
         self.target = target
         self.draft = draft
+        if vocab_size is None:
+            vocab_size = target.get_output_embeddings().weight.shape[0]
         self.vocab_size = int(vocab_size)
         self.eos = {int(t) for t in eos_token_ids}
 
@@ -124,16 +155,16 @@ class SpeculativeDecoder:
         state.pending = []
         return self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
 
-    def _draft_root_timed(self, state: DecodeState, sampling: Sampling, hidden: bool, stats: DecodeStats,
-                          clock: Timer, prev: bool = True) -> tuple[np.ndarray, np.ndarray | None, float]:
+    def _draft_root_timed(self, state: DecodeState, run: DecodeRun, prev: bool = True
+                          ) -> tuple[np.ndarray, np.ndarray | None, float]:
         """`draft_root`, its seconds added to the draft's; the third value is those seconds when this was the draft's
         first forward (its prefill over the prompt), else 0."""
         first = state.kv_d is not None and len(state.kv_d) == 0
-        q_root, h_q_root = self.draft_root(state, sampling, hidden, prev)
-        seconds = clock.lap()
-        stats.time_draft += seconds
+        q_root, h_q_root = self.draft_root(state, run.sampling, run.hidden, prev)
+        seconds = run.clock.lap()
+        run.stats.time_draft += seconds
         if first:
-            stats.time_prefill += seconds
+            run.stats.time_prefill += seconds
         return q_root, h_q_root, seconds if first else 0.0
 
     def _features(self, state: DecodeState, sampling: Sampling, q_root, h_q_root, hidden: bool) -> RootFeatures:
@@ -145,16 +176,14 @@ class SpeculativeDecoder:
                             state.prompt + state.out)
 
     @torch.inference_mode()
-    def step(self, state: DecodeState, policy: Policy, verifier: VerificationMethod | None, sampling: Sampling,
-             rng: np.random.Generator, stats: DecodeStats, clock: Timer) -> StepResult:
+    def step(self, state: DecodeState, run: DecodeRun) -> StepResult:
         """One speculation step from ``state``'s root (module docstring); appends to ``state.out`` and tells the
         policy's ``observe`` what the step did and cost."""
+        stats, clock, sampling, rng, hidden = run.stats, run.clock, run.sampling, run.rng, run.hidden
         start, context_length = clock.t, state.context_length
         parts_before = (stats.time_draft, stats.time_target)
-        hidden = policy.fixed_action is None and policy.needs_hidden_states
         # 1. choose (after the draft's root step when the policy's features need it)
-        choice, verifier, features, root_step, prefill = self._choose(state, policy, verifier, sampling, hidden,
-                                                                       stats, clock)
+        choice, verifier, features, root_step, prefill = self._choose(state, run)
         action = choice.action
         # 2. draft (a proposed chain is verified as it is: one-hot q rows, no draft forward)
         drafted = None
@@ -164,7 +193,7 @@ class SpeculativeDecoder:
         elif action.tree_size:
             check_supported(verifier, action)
             if root_step[0] is None:  # no features this step: the row before the root is not needed
-                *root_step, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock, prev=False)
+                *root_step, prefill = self._draft_root_timed(state, run, prev=False)
             root, rule = DraftRoot(state.kv_d, *root_step), DraftRule(sampling, self.vocab_size, hidden)
             if choice.stop_below is None:
                 drafted = draft_tree(root, action, rule, rng)
@@ -187,7 +216,7 @@ class SpeculativeDecoder:
             accepted, emitted = [], int(draw(p_rows[0], rng)[0, 0])
         stats.time_verify += clock.lap()
         # 5. prune both caches to the accepted path; keep the rows before the new root
-        last = _prune(state, ctx_t, tree, drafted, accepted, int(emitted), tuple(root_step), hidden)
+        last = _prune(state, ctx_t, _Verified(tree, drafted, accepted, int(emitted), tuple(root_step)), hidden)
         state.p_prev, state.h_p_prev = p_rows[last], hidden_numpy(h_t[last] if hidden else None)
         new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
         lookup = choice.proposal is not None
@@ -199,34 +228,34 @@ class SpeculativeDecoder:
         timing = StepTiming(clock.now() - start, stats.time_draft - parts_before[0], stats.time_target - parts_before[1],
                             prefill)
         result = StepResult(action, method, new, features, context_length, timing, lookup, features is not None)
-        policy.observe(result)
+        run.policy.observe(result)
         return result
 
-    def _choose(self, state: DecodeState, policy: Policy, verifier: VerificationMethod | None, sampling: Sampling,
-                hidden: bool, stats: DecodeStats, clock: Timer) -> tuple:
+    def _choose(self, state: DecodeState, run: DecodeRun) -> tuple:
         """Step 1: ``(choice, verifier, features, (q_root, h_q_root), draft prefill seconds)``. A static action costs
         nothing; a policy gets its features after the draft's root step when it ``needs_draft``."""
+        policy, verifier = run.policy, run.verifier
         if policy.fixed_action is not None:
             return Choice(policy.fixed_action), verifier, None, (None, None), 0.0
         q_root = h_q_root = None
         prefill = 0.0
         if policy.needs_draft and state.kv_d is not None:
-            q_root, h_q_root, prefill = self._draft_root_timed(state, sampling, hidden, stats, clock)
-        features = self._features(state, sampling, q_root, h_q_root, hidden)
+            q_root, h_q_root, prefill = self._draft_root_timed(state, run)
+        features = self._features(state, run.sampling, q_root, h_q_root, run.hidden)
         choice = _as_choice(policy, policy.select(features))
         if choice.method is not None:
             verifier = get_method(choice.method)
-        stats.time_selector += clock.lap()
+        run.stats.time_selector += run.clock.lap()
         return choice, verifier, features, (q_root, h_q_root), prefill
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
                  policy: Action | Policy = DEFAULT_ACTION, sampling: Sampling = DEFAULT_SAMPLING,
-                 seed: int = 0, on_step=None) -> DecodeResult:
+                 seed: int = 0) -> DecodeResult:
         """Decode up to ``max_new_tokens`` tokens after ``prompt`` (token ids, at least one).
 
         ``method``: a name of ``decoding.verifiers.METHODS`` or ``"autoregressive"`` (policy ignored).
-        ``on_step(state, result)``: called after every step (e.g. to record the features a policy saw)."""
+        The result lists every step (`decoding.policy.StepResult`) without its features."""
         if max_new_tokens < 1:
             raise UserInputError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         if method == AUTOREGRESSIVE:
@@ -238,19 +267,18 @@ class SpeculativeDecoder:
         if policy.uses_draft_model and self.draft is None:
             raise UserInputError(f"generate: method {method!r} with policy {policy} needs a draft model")
         hidden = policy.fixed_action is None and policy.needs_hidden_states
-        rng = np.random.default_rng(seed)
         stats = DecodeStats(method=method if verifier is None else verifier.name)
         clock = Timer(next(self.target.parameters()).device)
+        run = DecodeRun(policy, verifier, sampling, np.random.default_rng(seed), stats, clock, hidden)
         t_start = clock.t
         state = self.start(prompt, sampling, hidden, policy.uses_draft_model)
         prefill = clock.lap()
         stats.time_target += prefill
         stats.time_prefill += prefill
+        steps = []
         while True:
             before = len(state.out)
-            result = self.step(state, policy, verifier, sampling, rng, stats, clock)
-            if on_step is not None:
-                on_step(state, result)
+            steps.append(dataclasses.replace(self.step(state, run), features=None))
             cut = _stop_index(state.out, before, self.eos, max_new_tokens)
             clock.lap()
             if cut is not None:
@@ -258,7 +286,7 @@ class SpeculativeDecoder:
                 break
         stats.new_tokens = len(state.out)
         stats.time_total = clock.t - t_start
-        return DecodeResult(state.out, stats)
+        return DecodeResult(state.out, stats, steps)
 
 
 def _as_choice(policy: Policy, choice) -> Choice:
@@ -281,12 +309,11 @@ def _as_choice(policy: Policy, choice) -> Choice:
     return choice
 
 
-def _prune(state: DecodeState, ctx_t: int, tree, drafted, accepted: list[int], emitted: int, root_step: tuple,
-           hidden: bool) -> int:
+def _prune(state: DecodeState, ctx_t: int, step: _Verified, hidden: bool) -> int:
     """Step 5: prune the target cache (and the draft's, when it drafted) to the accepted path, and set what the
-    draft still has to catch up on (``pending``) and its last row (``q_prev``, ``h_q_prev``). ``drafted`` is
-    None for an empty tree; ``root_step`` is ``(q_root, h_q_root)`` when the draft saw the root this step.
-    Returns the last node of the accepted path (0 = the root)."""
+    draft still has to catch up on (``pending``) and its last row (``q_prev``, ``h_q_prev``). Returns the last node of
+    the accepted path (0 = the root)."""
+    tree, drafted, accepted, emitted, root_step = step.tree, step.drafted, step.accepted, step.emitted, step.root_step
     path = [0] + accepted
     last = path[-1]
     state.kv_t.keep(ctx_t, [ctx_t + i for i in path])
@@ -325,14 +352,3 @@ def check_supported(verifier: VerificationMethod | None, action: Action) -> None
     if not verifier.supports(parents_tree):
         raise UserInputError(f"method {verifier.name!r} does not support the tree of action {action} "
                          "(chain-only method on a branching tree); use a tree method or K = 1")
-
-
-def generate(target: torch.nn.Module, draft: torch.nn.Module | None, prompt: list[int], max_new_tokens: int,
-             method: str = "traversal", policy: Action | Policy = DEFAULT_ACTION,
-             sampling: Sampling = DEFAULT_SAMPLING, seed: int = 0, vocab_size: int | None = None,
-             eos_token_ids: Iterable[int] = ()) -> DecodeResult:
-    """Functional form of `SpeculativeDecoder.generate` (vocab_size defaults to the target's head)."""
-    if vocab_size is None:
-        vocab_size = target.get_output_embeddings().weight.shape[0]
-    return SpeculativeDecoder(target, draft, vocab_size, eos_token_ids).generate(
-        prompt, max_new_tokens, method, policy, sampling, seed)
