@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.params if Path(args.params).is_file() else None)
     torch.set_num_threads(args.threads or cfg.train_draft.threads)
     pair = load_pair(cfg.model.target, f"self_draft:{cfg.train_draft.out}", cfg.model.device, cfg.model.dtype,
-                     cfg.model.cache_dir)
+                     cfg.model.cache_dir, cfg.model.placement())
     target, draft = pair.target, pair.draft
     test_prompts = list({t.prompt_id: t.prompt_ids for t in load_trajectories(cfg.trajectories.out, ["test"])}.values())
     result: dict = {

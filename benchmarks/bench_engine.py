@@ -55,10 +55,12 @@ def load_default_pair(noise: float):
     cfg = load_config("params.yaml" if os.path.exists("params.yaml") else None)
     draft_note = cfg.model.draft
     try:
-        pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+        pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
+                         cfg.model.placement())
         draft = pair.draft
     except Exception as e:  # the self-draft artifact is built by a later stage
-        pair = load_pair(cfg.model.target, cfg.model.target, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir)
+        pair = load_pair(cfg.model.target, cfg.model.target, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
+                         cfg.model.placement())
         draft = noisy_draft(pair.target, noise)
         draft_note = (f"STAND-IN: copy of the target with noise {noise} x std on its last layer's MLP (as costly "
                       f"as the target, so tokens/s cannot beat autoregressive; block efficiency is meaningful). "

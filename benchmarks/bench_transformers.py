@@ -84,7 +84,7 @@ def load(args):
 
     cfg = load_config(args.params, args.overrides)
     pair = load_pair(cfg.model.target, f"self_draft:{args.draft}", cfg.model.device, cfg.model.dtype,
-                     cfg.model.cache_dir)
+                     cfg.model.cache_dir, cfg.model.placement())
     assistant = SelfDraftAssistant(pair.draft, pair.target)
     selector = load_chain_selector(args.selector, pair.target, args.latency, pair.tokenizer)
     return cfg, pair, assistant, selector

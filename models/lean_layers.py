@@ -7,7 +7,8 @@ computation as HF's Llama-family decoder layer (pre-norm attention with rotary e
 KV heads, gated SiLU MLP) as one plain function per layer, with
 
 - Q, K and V fused into one weight and gate and up into another, each packed once for oneDNN
-  (`models.fast_path.pack_weight`): 4 products per layer instead of 7;
+  (`models.fast_path.pack_weight`): 4 products per layer instead of 7; layers on a GGUF file's blocks
+  (`models.int4.Int4Linear`, the quantized target backend) are fused the same way from their blocks;
 - the layer's own RMSNorm modules and its architecture's own ``apply_rotary_pos_emb``;
 - SDPA with ``enable_gqa`` (no repeated K/V copies), the caller's additive mask, and the layer's scale;
 - the same ``DynamicCache`` updates, so `decoding.engine.cache.KVState` prunes and forks it as before.
@@ -28,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from models.fast_path import can_pack, pack_weight, packed_linear, weight_version
+from models.int4 import Int4Linear
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -50,9 +52,11 @@ def supports(layer: nn.Module) -> bool:
         return False
     act = getattr(getattr(layer.mlp, "config", None), "hidden_act", None)
     rotary = getattr(sys.modules.get(type(layer).__module__), "apply_rotary_pos_emb", None)
-    weights = [m.weight for m in _linears(layer)]
+    linears = _linears(layer)
+    blocks = all(isinstance(m, Int4Linear) for m in linears)
     return (act == "silu" and rotary is not None and getattr(attn, "head_dim", None) is not None
-            and all(can_pack(w.device, w.dtype) for w in weights))
+            and (blocks or all(can_pack(m.weight.device, m.weight.dtype) and not isinstance(m, Int4Linear)
+                               for m in linears)))
 
 
 class _Lean:
@@ -74,15 +78,15 @@ class _Lean:
     def pack(self) -> None:
         """(Re)build the fused, packed copies from the source weights as they are now."""
         attn, mlp = self.layer.self_attn, self.layer.mlp
-        self.qkv, self.qkv_bias = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o, self.o_bias = _fused([attn.o_proj])
-        self.gate_up, self.gate_up_bias = _fused([mlp.gate_proj, mlp.up_proj])
-        self.down, self.down_bias = _fused([mlp.down_proj])
+        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = _fused([attn.o_proj])
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
+        self.down = _fused([mlp.down_proj])
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, cache) -> torch.Tensor:
         batch, n, _ = h.shape
         layer, d = self.layer, self.head_dim
-        qkv = packed_linear(layer.input_layernorm(h), self.qkv, self.qkv_bias)  # [B, n, (heads + 2 kv) d]
+        qkv = self.qkv(layer.input_layernorm(h))  # [B, n, (heads + 2 kv) d]
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q = q.view(batch, n, self.heads, d).transpose(1, 2)  # [B, heads, n, d]
         k = k.view(batch, n, self.kv_heads, d).transpose(1, 2)
@@ -92,21 +96,27 @@ class _Lean:
             k, v = cache.update(k, v, self.idx)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                            enable_gqa=self.heads != self.kv_heads)
-        h = h + packed_linear(a.transpose(1, 2).reshape(batch, n, -1), self.o, self.o_bias)
-        gate, up = packed_linear(layer.post_attention_layernorm(h), self.gate_up, self.gate_up_bias).split(
-            [self.width, self.width], dim=-1)
-        return h + packed_linear(F.silu(gate) * up, self.down, self.down_bias)
+        h = h + self.o(a.transpose(1, 2).reshape(batch, n, -1))
+        gate, up = self.gate_up(layer.post_attention_layernorm(h)).split([self.width, self.width], dim=-1)
+        return h + self.down(F.silu(gate) * up)
 
 
-def _fused(linears: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The row-concatenation of ``linears``' weights packed once, and their concatenated bias (or None)."""
+def _fused(linears: list[nn.Module]):
+    """One function ``x -> [linear(x) for linear in linears]`` concatenated: the row-concatenation of their weights,
+    packed once for oneDNN, or for layers on GGUF blocks one `Int4Linear` over their stacked blocks (one
+    kernel call instead of several)."""
+    if all(isinstance(m, Int4Linear) for m in linears):
+        if len(linears) == 1:
+            return linears[0]
+        return Int4Linear.fused(linears)
     with torch.no_grad():
         weight = torch.cat([m.weight.detach() for m in linears], dim=0)
         biases = [m.bias for m in linears]
         bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else weight.new_zeros(m.out_features)
              for m, b in zip(linears, biases, strict=True)])
-    return pack_weight(weight), bias
+    packed = pack_weight(weight)
+    return lambda x: packed_linear(x, packed, bias)
 
 
 class LeanLayers:

@@ -27,7 +27,9 @@ from pathlib import Path
 import torch
 
 from models.hf_compat import require_transformers
-from models.placement import DEVICE_MAPS, ModelLoadError, check_device_map, check_dtype_name  # noqa: F401  (re-exported)
+from models.placement import DEVICE_MAPS, ModelLoadError, Placement, check_dtype_name  # noqa: F401  (re-exported)
+
+DEFAULT_PLACEMENT = Placement()  # the whole model on one device, dense weights
 
 EMBEDDED_MODELS = {
     # name -> (distribution's top-level package, gguf file inside it)
@@ -190,29 +192,54 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: Path = DEFAULT_CACHE_DIR,
-               device_map: str | None = None):
-    """A causal LM in eval mode; sdpa attention (tree masks are additive floats); on CPU its linear layers
-    prepacked once (`models.fast_path.prepare_for_inference`; nothing changes on CUDA).
+               placement: Placement = DEFAULT_PLACEMENT):
+    """A causal LM in eval mode; sdpa attention (tree masks are additive floats); on CPU its linear layers on
+    a GGUF file's own 4-bit blocks (``placement.backend``, `models.quantized`) or prepacked
+    float weights (`models.fast_path.prepare_for_inference`); nothing changes on CUDA.
 
-    ``device_map=None`` puts the whole model on ``device``. ``device_map="auto"`` (or another of
-    ``DEVICE_MAPS``) lets accelerate spread the layers over every visible GPU, then CPU memory, for
-    targets too large for one device; inputs then go to ``input_device(model)`` and accelerate moves
-    activations between devices (the KV cache of each layer stays on that layer's device)."""
+    ``placement.device_map=None`` puts the whole model on ``device``. ``"auto"`` (or another of ``DEVICE_MAPS``)
+    lets accelerate spread the layers over every visible GPU, then CPU memory, for targets too large for one
+    device; inputs then go to ``input_device(model)`` and accelerate moves activations between devices (the KV
+    cache of each layer stays on that layer's device)."""
     from transformers import AutoModelForCausalLM
 
     require_transformers()  # an older transformers: one line naming the version needed, not a failure mid-step
-    check_device_map(device_map)
+    placement.check()
     folder = resolve_model_folder(spec, cache_dir)
-    extra = {} if device_map is None else {"device_map": device_map}
+    extra = {} if placement.device_map is None else {"device_map": placement.device_map}
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa", **extra)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load model {spec!r} from {folder!r}: {_first_line(e)}") from None
-    if device_map is not None:
+    if placement.device_map is not None:
         return model.eval()
     from models.fast_path import prepare_for_inference
 
-    return prepare_for_inference(model.to(device).eval())
+    model = model.to(device).eval()
+    gguf = gguf_file(spec)
+    if uses_blocks(placement.backend, gguf, device, dtype):
+        from models.quantized import use_gguf_blocks
+
+        use_gguf_blocks(model, gguf)
+    return prepare_for_inference(model)
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file a spec loads (``embedded:`` or ``gguf:``), else None."""
+    scheme, rest = parse_spec(spec)
+    if scheme == "embedded":
+        return embedded_gguf_path(rest)
+    return Path(rest) if scheme == "gguf" else None
+
+
+def uses_blocks(backend: str, gguf: Path | None, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model computes from its GGUF file's blocks (`models.quantized`): ``int4`` always (an error where it
+    cannot), ``auto`` for a GGUF file on CPU in float32."""
+    fits = gguf is not None and torch.device(device).type == "cpu" and dtype == torch.float32
+    if backend == "int4" and not fits:
+        raise ModelLoadError("backend int4 computes from a GGUF file's blocks: it needs an embedded: or gguf: target "
+                             "on CPU in float32 (use backend dense or auto otherwise)")
+    return fits if backend == "auto" else backend == "int4"
 
 
 def eos_ids(tokenizer, model) -> list[int]:
@@ -265,18 +292,18 @@ def load_pair(
     device: str = "auto",
     dtype: str = "float32",
     cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    device_map: str | None = None,
+    placement: Placement = DEFAULT_PLACEMENT,
 ) -> LMPair:
     """Load target, draft and the shared tokenizer, checking that the tokenizers agree.
 
-    ``device_map`` (e.g. ``"auto"``) spreads the TARGET over the visible devices (see ``load_model``);
-    a separate draft model then goes whole onto the target's input device, and the pair's ``device``
-    is that input device."""
+    ``placement`` applies to the TARGET (see ``load_model``): a ``device_map`` (e.g. ``"auto"``) spreads it over
+    the visible devices, and a separate draft model then goes whole onto the target's input device (the pair's
+    ``device``); a separate draft model is loaded dense."""
     cache_dir = Path(cache_dir)
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     tokenizer = load_tokenizer(target_spec, cache_dir)
-    target = load_model(target_spec, dev, dt, cache_dir, device_map)
-    if device_map is not None:
+    target = load_model(target_spec, dev, dt, cache_dir, placement)
+    if placement.device_map is not None:
         dev = input_device(target)
     draft = load_draft(draft_spec, target, tokenizer, target_spec, dev, dt, cache_dir)
     vocab = common_vocab_size(target, draft, tokenizer)

@@ -8,15 +8,32 @@ placements.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from decoding.errors import UserInputError
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")  # model.dtype values; loading.resolve_dtype maps them to torch
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
+# how a target's linear layers compute (models.quantized): dense float weights, or a GGUF file's own 4-bit blocks
+# with bfloat16 activations (int4); auto = int4 for a GGUF target on CPU in float32, else dense
+BACKENDS = ("auto", "dense", "int4")
 
 
 class ModelLoadError(UserInputError):
     """A model or tokenizer could not be loaded; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a model is laid out beyond its device and dtype: accelerate's ``device_map`` and the ``backend``."""
+
+    device_map: str | None = None
+    backend: str = "dense"
+
+    def check(self) -> None:
+        check_device_map(self.device_map)
+        if self.backend not in BACKENDS:
+            raise ModelLoadError(f"unknown model backend {self.backend!r}; use one of {list(BACKENDS)}")
 
 
 def check_dtype_name(dtype: str) -> None:

@@ -100,7 +100,7 @@ def _header(cfg, pair, space) -> dict:
     config = {
         "format_version": FORMAT_VERSION,  # the row schema: a dataset of another version is never appended to
         "model": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
-                  "dtype": cfg.model.dtype},
+                  "dtype": cfg.model.dtype, "backend": cfg.model.backend},
         "trajectories": trajectories_digest(cfg.trajectories.out),
         "actions": {"K": cfg.actions.K, "L1": cfg.actions.L1, "L2": cfg.actions.L2},
         "collect": {k: getattr(c, k) for k in ("splits", "methods", "num_trees", "root_stride",
@@ -243,7 +243,7 @@ def run(cfg, args) -> int:
         torch.set_num_threads(cfg.model.threads)
         start = time.perf_counter()
         pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
-                             cfg.model.device_map)
+                             cfg.model.placement())
         collect_part(cfg, pair, index, count, args.restart, args.restart_on_change)
         print(f"collect: part {index}/{count} done in {time.perf_counter() - start:.0f} s -> {cfg.collect.out}")
         if count > 1:

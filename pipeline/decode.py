@@ -141,7 +141,7 @@ def run(cfg, args) -> int:
     torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
     pair = load_pair(cfg.model.target, draft_spec, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
-                     cfg.model.device_map)
+                     cfg.model.placement())
     load_s = time.perf_counter() - start
     ids = encode_prompt(prompt, pair.tokenizer, cfg.decode.chat_template and not args.no_chat_template)
     decoder = SpeculativeDecoder(pair.target, None if no_draft else pair.draft, pair.vocab_size,

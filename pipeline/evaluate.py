@@ -217,7 +217,7 @@ def decode_all(cfg, args, off):
     units, available = pick_units(cfg)
     torch.set_num_threads(cfg.model.threads)
     pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
-                     cfg.model.device_map)
+                     cfg.model.placement())
     decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos_ids(pair.tokenizer, pair.target))
     policies, runtime = build_policies(cfg, off["statics"], off["space"], ec.selector and not args.no_selector)
     threshold_chain, off["threshold_chain_tuning"] = tuned_threshold_chain(cfg, decoder)

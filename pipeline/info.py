@@ -71,7 +71,7 @@ def run(cfg, args) -> int:
         return 0
     start = time.perf_counter()
     pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
-                     cfg.model.device_map)
+                     cfg.model.placement())
     print(f"pair loaded in {time.perf_counter() - start:.1f} s:")
     print(json.dumps(pair.describe(), indent=2))
     return 0

@@ -121,7 +121,7 @@ def study(cfg, roots: int, trees: int, split: str, methods: list[str], seed: int
     if not trajs:
         raise UserInputError(f"no {split} trajectories in {cfg.trajectories.out}: run `branchpoint trajectories`")
     pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
-                     cfg.model.device_map)
+                     cfg.model.placement())
     picked = pick_roots(trajs, cfg.collect.root_stride, set(eos_ids(pair.tokenizer, pair.target)), roots, seed)
     start = time.perf_counter()
     values, ctx = tree_labels(pair, space, methods, picked, trees, cfg.collect.seed)

@@ -42,14 +42,14 @@ def load_profiled_pair(cfg):
     m = cfg.model
     scheme, folder = parse_spec(m.draft)
     if scheme != "self_draft" or Path(folder).exists():
-        pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.device_map)
+        pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.placement())
         return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
     from models.fast_path import prepare_for_inference
     from models.self_draft import SelfDraft, SelfDraftConfig, target_fingerprint
 
     td = cfg.train_draft
     tokenizer = load_tokenizer(m.target, m.cache_dir)
-    target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir, m.device_map)
+    target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir, m.placement())
     config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
                              vocab_subset_size=td.vocab_subset_size,
                              target_fingerprint=target_fingerprint(target))
@@ -85,6 +85,7 @@ def run(cfg, args) -> int:
     from data_collection.verify_cost import measure_verify_seconds
     from decoding.features import FeatureSchema
     from decoding.sampling import Sampling
+    from models.quantized import backend_of
 
     p = cfg.profile
     torch.set_num_threads(cfg.model.threads)
@@ -93,7 +94,7 @@ def run(cfg, args) -> int:
     load_s = time.perf_counter() - start
     ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), max(p.contexts))
     meta = {"target": cfg.model.target, "draft": cfg.model.draft, "draft_timed": draft_source,
-            "dtype": cfg.model.dtype,
+            "dtype": cfg.model.dtype, "backend": backend_of(target),
             "settings": {"threads_requested": cfg.model.threads, "context_tokens": "decode.prompt, tiled"}}
     sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p)
     pair = TimedPair(target, draft, vocab)

@@ -259,7 +259,7 @@ def run(cfg, args) -> int:
     torch.manual_seed(td.seed)
     device, dtype = resolve_device(cfg.model.device), resolve_dtype(cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.target, cfg.model.cache_dir)
-    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, cfg.model.device_map)
+    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, cfg.model.placement())
     for p in target.parameters():
         p.requires_grad_(False)
     trajectories = load_split_trajectories(cfg, target)

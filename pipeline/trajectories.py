@@ -100,13 +100,14 @@ def run(cfg, args) -> int:
         resolve_device,
         resolve_dtype,
     )
+    from models.quantized import backend_of
     from models.self_draft import target_fingerprint
 
     tc = cfg.trajectories
     torch.set_num_threads(tc.threads)
     device, dtype = resolve_device(cfg.model.device), resolve_dtype(cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.target, cfg.model.cache_dir)
-    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, cfg.model.device_map)
+    target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, cfg.model.placement())
     device = input_device(target)  # = device, unless model.device_map spread the target
     start = time.perf_counter()
     trajectories = sample_trajectories(cfg, target, tokenizer, progress=not args.no_progress)
@@ -114,7 +115,8 @@ def run(cfg, args) -> int:
     tokens = sum(len(t.continuation_ids) for t in trajectories)
     manifest = {
         "config": {"trajectories": dataclasses.asdict(tc), "prompts": dataclasses.asdict(cfg.prompts)},
-        "target": cfg.model.target, "dtype": cfg.model.dtype, "device": str(device),
+        "target": cfg.model.target, "dtype": cfg.model.dtype, "backend": backend_of(target),
+        "device": str(device),
         "target_fingerprint": target_fingerprint(target),
         "tokenizer": getattr(tokenizer, "name_or_path", None), "eos_ids": eos_ids(tokenizer, target),
         "sampling_seconds": round(seconds, 1), "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),

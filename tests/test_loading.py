@@ -6,6 +6,7 @@ from tiny_models import save_tiny_model, tiny_lm, tiny_tokenizer
 
 from models.loading import (
     ModelLoadError,
+    Placement,
     TokenizerMismatchError,
     check_tokenizers_match,
     common_vocab_size,
@@ -115,18 +116,18 @@ def test_device_map_loads_the_same_model(tmp_path, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
-    mapped = load_pair(f"hf:{t}", f"hf:{d}", device="cpu", device_map="auto")
+    mapped = load_pair(f"hf:{t}", f"hf:{d}", device="cpu", placement=Placement(device_map="auto"))
     assert seen == [(str(t), "auto"), (str(d), None)]  # the target is dispatched, the draft goes whole
     assert mapped.device == input_device(mapped.target) == torch.device("cpu")
     ids = torch.tensor([[1, 5, 9, 3]])
     with torch.no_grad():
         torch.testing.assert_close(mapped.target(ids).logits, plain.target(ids).logits, rtol=0, atol=0)
     with pytest.raises(ModelLoadError, match="unknown device_map 'everywhere'"):
-        load_pair(f"hf:{t}", f"hf:{d}", device="cpu", device_map="everywhere")
+        load_pair(f"hf:{t}", f"hf:{d}", device="cpu", placement=Placement(device_map="everywhere"))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(ModelLoadError, match="CUDA_VISIBLE_DEVICES and --shard"):
-        load_pair(f"hf:{t}", f"hf:{d}", device="cpu", device_map="auto")
+        load_pair(f"hf:{t}", f"hf:{d}", device="cpu", placement=Placement(device_map="auto"))
 
 
 def test_device_auto_under_torchrun_takes_the_local_rank(monkeypatch):

@@ -16,13 +16,22 @@ class ModelConfig:
     # too large for one GPU over every visible GPU, then CPU memory
     device_map: str | None = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
+    # how the target's linear layers compute: dense (float weights) | int4 (a GGUF file's own Q4_1 blocks through
+    # torch's 4-bit CPU kernel, bfloat16 activations and head) | auto (int4 for a GGUF target on CPU in float32, else
+    # dense); docs/engine.md measures both
+    backend: str = "auto"
     cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
     threads: int = 2  # torch CPU threads of every stage that runs the models (decode, profile, collect, evaluate)
 
+    def placement(self):
+        from models.placement import Placement
+
+        return Placement(self.device_map, self.backend)
+
     def validate(self) -> None:
-        from models.placement import check_device_map, check_dtype_name
+        from models.placement import check_dtype_name
 
         check_dtype_name(self.dtype)
-        check_device_map(self.device_map)
+        self.placement().check()
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, not {self.threads}")

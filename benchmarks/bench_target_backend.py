@@ -1,0 +1,190 @@
+"""The target's backends, paired -> benchmarks/results/target_backend.json.
+
+One run, interleaved (each repetition times every backend in turn, so a phase of the machine hits all alike):
+
+1. ``steps``: ms per decode step of our engine for each backend (``dense`` float32 prepacked weights; ``int4`` the
+   GGUF file's own Q4_1 blocks through torch's 4-bit kernel, bfloat16 activations and head) and each step class:
+   plain (autoregressive), the static tree 2,0,1 and the action space's largest tree, with the configured
+   self-draft on that same target (its shared layers compute on the same backend);
+2. ``bytes``: weight bytes the linear layers read per plain step, and the implied GB/s;
+3. ``llama_cpp``: llama.cpp's plain decoding of the same GGUF file, same prompts, same threads, sampled at T = 1,
+   through `benchmarks.bench_llamacpp`'s worker in its benchmark-only environment (``make llamacpp``); skipped with
+   one message where there is none. The project does not depend on it;
+4. ``perplexity``: held-out perplexity (HumanEval prompts the selector never trains on are not needed: the
+   text is scored teacher-forced) of each backend next to the dense float32 reference.
+
+Run: ``python -m benchmarks.bench_target_backend [--quick] [--skip-llamacpp]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+from decoding.actions import Action
+from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
+from decoding.files import write_json_atomic
+from decoding.sampling import Sampling
+
+RESULTS = Path(__file__).parent / "results" / "target_backend.json"
+BACKENDS = ("dense", "int4")
+
+
+def linear_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes the linear layers (and LM head) read per token: quantized blocks, else float weights."""
+    from models.int4 import BF16Linear, Int4Linear
+
+    seen, total = set(), 0
+    for m in model.modules():
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if isinstance(m, (Int4Linear, BF16Linear)):
+            total += m.bytes_read
+        elif isinstance(m, torch.nn.Linear) or type(m).__name__ == "PackedLinear":
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def load_backends(cfg, backends):
+    """``{backend: (target, draft)}``; the draft is the configured self-draft on that target (untrained, same
+    shapes and cost, when its artifact is not built)."""
+    from models.fast_path import prepare_for_inference
+    from models.loading import (
+        Placement,
+        load_draft,
+        load_model,
+        load_tokenizer,
+        resolve_device,
+        resolve_dtype,
+    )
+    from models.self_draft import SelfDraft, SelfDraftConfig
+
+    device, dtype = resolve_device(cfg.model.device), resolve_dtype(cfg.model.dtype)
+    tok = load_tokenizer(cfg.model.target, cfg.model.cache_dir)
+    out = {}
+    for backend in backends:
+        target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, Placement(backend=backend))
+        try:
+            draft = load_draft(cfg.model.draft, target, tok, cfg.model.target, device, dtype, cfg.model.cache_dir)
+        except Exception as e:  # the artifact is built by stage train_draft
+            td = cfg.train_draft
+            print(f"{cfg.model.draft} unavailable ({str(e).splitlines()[0][:100]}): an untrained self-draft of its "
+                  "shape stands in (same cost)", flush=True)
+            draft = prepare_for_inference(SelfDraft(target, SelfDraftConfig(
+                layers=td.layers, adapter_width=td.adapter_width, vocab_subset_size=td.vocab_subset_size)).eval())
+        out[backend] = (target, draft.eval())
+    return tok, out
+
+
+def step_ms(decoder: SpeculativeDecoder, prompts, tokens: int, method: str, action: Action | None) -> float:
+    """Median over prompts of ms per decode step (prefill excluded), sampling at T = 1."""
+    per = []
+    for i, ids in enumerate(prompts):
+        if action is None:
+            res = decoder.generate(ids, tokens, AUTOREGRESSIVE, sampling=Sampling(1.0), seed=i)
+        else:
+            res = decoder.generate(ids, tokens, method, action, Sampling(1.0), seed=i)
+        per.append(1e3 * res.stats.time_total / res.stats.steps)
+    return statistics.median(per)
+
+
+def llama_ms(worker, prompts, tokens: int) -> float:
+    """Median over prompts of llama.cpp's ms per decode step after the first token (`benchmarks.llamacpp_worker`)."""
+    per = []
+    for i, ids in enumerate(prompts):
+        r = worker.decode(ids, tokens, "plain", i)
+        per.append(1e3 * r["decode_seconds"] / (r["tokens"] - 1))
+    return statistics.median(per)
+
+
+@torch.inference_mode()
+def perplexity(model: torch.nn.Module, texts: list[list[int]]) -> float:
+    nll, count = 0.0, 0
+    for ids in texts:
+        x = torch.tensor([ids])
+        logp = torch.log_softmax(model(x).logits[0, :-1].double(), -1)
+        nll -= logp.gather(1, x[0, 1:, None]).sum().item()
+        count += len(ids) - 1
+    return math.exp(nll / count)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer tokens, prompts and repetitions")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="do not run llama.cpp")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
+    parser.add_argument("--method", default="specinfer", help="verification method of the drafted step classes")
+    args = parser.parse_args()
+    from data_collection.prompts import load_prompt_set
+    from models.loading import gguf_file
+    from pipeline.config import load_config
+
+    cfg = load_config("params.yaml" if os.path.exists("params.yaml") else None)
+    threads = cfg.model.threads
+    torch.set_num_threads(threads)
+    reps, tokens, n_prompts = (2, 24, 2) if args.quick else (3, 48, 4)
+    tok, models = load_backends(cfg, args.backends.split(","))
+    texts = load_prompt_set("humaneval")["text"]
+    prompts = [tok(t)["input_ids"][-200:] for t in texts[-n_prompts:]]
+    classes = {"plain": None, "2,0,1": Action(2, 0, 1), "largest": cfg.actions.space().max_action}
+    gguf = gguf_file(cfg.model.target)
+    llama = None
+    if not args.skip_llamacpp and gguf is not None:
+        from benchmarks.bench_llamacpp import LlamaWorker, llama_python
+
+        python = llama_python()
+        try:
+            llama = LlamaWorker(python, gguf, threads) if python else None
+        except RuntimeError as e:
+            print(f"llama.cpp skipped: {e}", flush=True)
+        if python is None:
+            print("llama.cpp skipped: no environment (make llamacpp)", flush=True)
+    times: dict[str, dict[str, list[float]]] = {b: {c: [] for c in classes} for b in models}
+    llama_runs: list[float] = []
+    for rep in range(reps):  # interleaved
+        for backend, (target, draft) in models.items():
+            decoder = SpeculativeDecoder(target, draft, target.get_output_embeddings().weight.shape[0])
+            for name, action in classes.items():
+                times[backend][name].append(step_ms(decoder, prompts, tokens, args.method, action))
+            print(f"rep {rep} {backend}: " + ", ".join(f"{c} {v[-1]:.1f} ms" for c, v in times[backend].items()),
+                  flush=True)
+        if llama is not None:
+            llama_runs.append(llama_ms(llama, prompts, tokens))
+            print(f"rep {rep} llama.cpp: plain {llama_runs[-1]:.1f} ms", flush=True)
+    steps = {b: {c: statistics.median(v) for c, v in cls.items()} for b, cls in times.items()}
+    nbytes = {b: linear_bytes(t) for b, (t, _) in models.items()}
+    result = {
+        "machine": {"threads": threads, "torch": torch.__version__, "cpu_count": os.cpu_count()},
+        "prompts": n_prompts, "tokens": tokens, "repetitions": reps, "method": args.method,
+        "classes": {c: (str(a) if a else "plain") for c, a in classes.items()},
+        "steps_ms": steps,
+        "autoregressive_tokens_per_second": {b: 1e3 / s["plain"] for b, s in steps.items()},
+        "bytes_per_plain_step": nbytes,
+        "implied_gb_per_second": {b: nbytes[b] / (steps[b]["plain"] * 1e-3) / 1e9 for b in steps},
+        "llama_cpp": ({"plain_ms": statistics.median(llama_runs),
+                       "tokens_per_second": 1e3 / statistics.median(llama_runs), "version": llama.version}
+                      if llama_runs else {"skipped": True}),
+    }
+    if "dense" in steps:
+        result["speedup_vs_dense"] = {b: steps["dense"]["plain"] / s["plain"] for b, s in steps.items()}
+    if llama_runs:
+        result["ours_vs_llama_cpp"] = {b: statistics.median(llama_runs) / s["plain"] for b, s in steps.items()}
+    if llama is not None:
+        llama.close()
+    held_out = [tok(t)["input_ids"][:256] for t in texts[:24 if not args.quick else 6]]
+    result["perplexity"] = {b: perplexity(t, held_out) for b, (t, _) in models.items()}
+    result["perplexity_texts"] = f"HumanEval prompts 0..{len(held_out) - 1}, first 256 tokens each, teacher-forced"
+    write_json_atomic(RESULTS, result)
+    print(json.dumps({k: result[k] for k in ("steps_ms", "autoregressive_tokens_per_second", "llama_cpp",
+                                            "perplexity")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
