@@ -31,8 +31,13 @@ class TrainingData:
 
 
 def new_net(schema, layout, tc):
+    """An untrained `SelectorNet`, its initial weights drawn under ``train.seed`` (an unseeded draw made two runs of
+    stage train on the same data end with different selectors)."""
+    import torch
+
     from models.selector_network import SelectorNet
 
+    torch.manual_seed(tc.seed)
     return SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
                        *layout.constraints())
 
