@@ -13,7 +13,8 @@ rounds interleave the two prompt by prompt so that a slow phase of the machine h
 decode tokens/s = (tokens - 1) / (seconds after the first token), so the prefill is excluded on both sides.
 Also llama.cpp's prompt lookup decoding (llama-cpp-python's ``LlamaPromptLookupDecoding``, 4 tokens), next to
 our prompt lookup policy (`decoding.lookup`, ``lookup:4``). Bytes read per step: the weights a plain step reads
-(ours: every float32 parameter of the target; llama.cpp: the GGUF's tensor data), and the GB/s that implies.
+(ours: `models.quantized.linear_bytes` of the target as the pipeline loads it, ``model.backend: auto``; llama.cpp:
+the GGUF's tensor data), and the GB/s that implies.
 
 Writes benchmarks/results/llamacpp.json.
 """
@@ -76,18 +77,21 @@ def test_prompts(count: int, tokenizer) -> list[list[int]]:
 
 
 def ours_decoder(threads: int):
-    """``(decode(prompt, tokens, mode, seed) -> result like the worker's, target float32 bytes)``."""
+    """``(decode(prompt, tokens, mode, seed) -> result like the worker's, weight bytes per step, tokenizer)``: the
+    target as the pipeline loads it (``model.backend: auto``)."""
     import torch
 
     from decoding.engine import SpeculativeDecoder
     from decoding.sampling import Sampling
     from export.policies import build_policy
-    from models.loading import load_model, load_tokenizer
+    from models.loading import Placement, load_model, load_tokenizer
+    from models.quantized import backend_of, linear_bytes
 
     torch.set_num_threads(threads)
-    model = load_model(TARGET, torch.device("cpu"), torch.float32)
-    decoder = SpeculativeDecoder(model, None, model.get_output_embeddings().weight.shape[0])
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = load_model(TARGET, torch.device("cpu"), torch.float32, placement=Placement(backend="auto"))
+    print(f"bench_llamacpp: our target on backend {backend_of(model)}", flush=True)
+    decoder = SpeculativeDecoder(model, None)
+    weight_bytes = linear_bytes(model)
     policies = {"plain": build_policy("autoregressive"), "lookup": build_policy("prompt_lookup", {"length": 4})}
 
     def decode(prompt: list[int], tokens: int, mode: str, seed: int) -> dict:

@@ -36,22 +36,6 @@ RESULTS = Path(__file__).parent / "results" / "target_backend.json"
 BACKENDS = ("dense", "int4")
 
 
-def linear_bytes(model: torch.nn.Module) -> int:
-    """Weight bytes the linear layers (and LM head) read per token: quantized blocks, else float weights."""
-    from models.int4 import BF16Linear, Int4Linear
-
-    seen, total = set(), 0
-    for m in model.modules():
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        if isinstance(m, (Int4Linear, BF16Linear)):
-            total += m.bytes_read
-        elif isinstance(m, torch.nn.Linear) or type(m).__name__ == "PackedLinear":
-            total += m.weight.numel() * m.weight.element_size()
-    return total
-
-
 def load_backends(cfg, backends):
     """``{backend: (target, draft)}``; the draft is the configured self-draft on that target (untrained, same
     shapes and cost, when its artifact is not built)."""
@@ -150,7 +134,7 @@ def main() -> None:
     llama_runs: list[float] = []
     for rep in range(reps):  # interleaved
         for backend, (target, draft) in models.items():
-            decoder = SpeculativeDecoder(target, draft, target.get_output_embeddings().weight.shape[0])
+            decoder = SpeculativeDecoder(target, draft)
             for name, action in classes.items():
                 times[backend][name].append(step_ms(decoder, prompts, tokens, args.method, action))
             print(f"rep {rep} {backend}: " + ", ".join(f"{c} {v[-1]:.1f} ms" for c, v in times[backend].items()),
@@ -159,6 +143,8 @@ def main() -> None:
             llama_runs.append(llama_ms(llama, prompts, tokens))
             print(f"rep {rep} llama.cpp: plain {llama_runs[-1]:.1f} ms", flush=True)
     steps = {b: {c: statistics.median(v) for c, v in cls.items()} for b, cls in times.items()}
+    from models.quantized import linear_bytes
+
     nbytes = {b: linear_bytes(t) for b, (t, _) in models.items()}
     result = {
         "machine": {"threads": threads, "torch": torch.__version__, "cpu_count": os.cpu_count()},

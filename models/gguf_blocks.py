@@ -1,10 +1,9 @@
 """The quantized blocks of a GGUF file, read as they are stored (`read_blocks`), and their exact dequantization.
 
-Two block formats cover the embedded SmolLM2 file (ggml's layouts; blocks of 32 along a row's input axis):
-
-- ``Q4_1``: 20 bytes per block, ``d`` (float16), ``m`` (float16), then 16 bytes of 4-bit codes ``q``: byte ``j``
-  holds element ``j`` in its low nibble and element ``j + 16`` in its high nibble. ``w = d * q + m``.
-- ``Q8_0``: 34 bytes per block, ``d`` (float16), then 32 signed 8-bit codes. ``w = d * q``.
+The backend reads ``Q4_1`` (ggml's layout; blocks of 32 along a row's input axis): 20 bytes per block, ``d``
+(float16), ``m`` (float16), then 16 bytes of 4-bit codes ``q``: byte ``j`` holds element ``j`` in its low nibble
+and element ``j + 16`` in its high nibble. ``w = d * q + m``. (The embedded file's tied Q8_0 embedding is not read:
+the backend's head is the dense weight in bfloat16, `models.int4.BF16Linear`.)
 
 `QuantizedMatrix` keeps the codes unpacked (one uint8 per element, ``[N, K]``) with per-block ``d`` and ``m``
 (``[N, K / 32]`` float32): the form `models.int4` packs for torch's 4-bit CPU kernel. Its
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 32
-FORMATS = ("Q4_1", "Q8_0")
+FORMATS = ("Q4_1",)
 
 
 class GGUFBlockError(ValueError):
@@ -32,49 +31,32 @@ class GGUFBlockError(ValueError):
 class QuantizedMatrix:
     """A weight ``[N, K]`` as integer codes and per-block affine parameters: ``w = d * q + m`` blockwise."""
 
-    fmt: str  # "Q4_1" or "Q8_0"
-    codes: np.ndarray  # [N, K] uint8: 0..15 (Q4_1) or the signed code + 128 (Q8_0)
+    fmt: str  # "Q4_1"
+    codes: np.ndarray  # [N, K] uint8, 0..15
     d: np.ndarray  # [N, K / 32] float32 scale
-    m: np.ndarray | None  # [N, K / 32] float32 offset (Q4_1) or None (Q8_0)
+    m: np.ndarray  # [N, K / 32] float32 offset
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.codes.shape
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes a matmul reads: the codes at their bit width plus float16 scales (and offsets)."""
-        n, k = self.codes.shape
-        return n * k * self.bits // 8 + self.d.size * 2 * (1 if self.m is None else 2)
-
-    @property
-    def bits(self) -> int:
-        return 4 if self.fmt == "Q4_1" else 8
-
     def dequantize(self) -> np.ndarray:
         """The float32 weight ``[N, K]``."""
         n, k = self.codes.shape
         q = self.codes.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
-        if self.fmt == "Q8_0":
-            q -= 128.0
-        w = q * self.d[:, :, None]
-        if self.m is not None:
-            w += self.m[:, :, None]
-        return w.reshape(n, k)
+        return (q * self.d[:, :, None] + self.m[:, :, None]).reshape(n, k)
 
     def rows(self, order: np.ndarray) -> QuantizedMatrix:
         """The same matrix with its output rows reordered (blocks run along K, so rows move whole)."""
-        return QuantizedMatrix(self.fmt, self.codes[order], self.d[order], None if self.m is None else self.m[order])
+        return QuantizedMatrix(self.fmt, self.codes[order], self.d[order], self.m[order])
 
     @staticmethod
     def stack(parts: list[QuantizedMatrix]) -> QuantizedMatrix:
-        """Row-concatenation of matrices of one format and input size (fused Q/K/V, gate/up)."""
-        fmts = {p.fmt for p in parts}
-        if len(fmts) != 1 or len({p.shape[1] for p in parts}) != 1:
-            raise GGUFBlockError(f"cannot fuse {[(p.fmt, p.shape) for p in parts]}: one format and K needed")
-        m = None if parts[0].m is None else np.concatenate([p.m for p in parts])
+        """Row-concatenation of matrices of one input size (fused Q/K/V, gate/up)."""
+        if len({p.shape[1] for p in parts}) != 1:
+            raise GGUFBlockError(f"cannot fuse {[p.shape for p in parts]}: one input size needed")
         return QuantizedMatrix(parts[0].fmt, np.concatenate([p.codes for p in parts]),
-                               np.concatenate([p.d for p in parts]), m)
+                               np.concatenate([p.d for p in parts]), np.concatenate([p.m for p in parts]))
 
 
 def from_raw(fmt: str, raw: np.ndarray, k: int) -> QuantizedMatrix:
@@ -83,15 +65,12 @@ def from_raw(fmt: str, raw: np.ndarray, k: int) -> QuantizedMatrix:
         raise GGUFBlockError(f"block format {fmt} is not supported (supported: {', '.join(FORMATS)})")
     if k % BLOCK:
         raise GGUFBlockError(f"input size {k} is not a multiple of the block size {BLOCK}")
-    size = 20 if fmt == "Q4_1" else 34
+    size = 20
     n = raw.shape[0]
     if raw.shape[1] != k // BLOCK * size:
         raise GGUFBlockError(f"{fmt} rows of {raw.shape[1]} bytes do not hold {k} elements")
     blocks = np.ascontiguousarray(raw).reshape(n, k // BLOCK, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if fmt == "Q8_0":
-        codes = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        return QuantizedMatrix(fmt, codes.reshape(n, k), d, None)
     m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     qs = blocks[..., 4:]
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # elements 0..15, then 16..31
@@ -99,7 +78,7 @@ def from_raw(fmt: str, raw: np.ndarray, k: int) -> QuantizedMatrix:
 
 
 def read_blocks(path: str | Path) -> dict[str, QuantizedMatrix]:
-    """Every Q4_1 / Q8_0 2-D tensor of a GGUF file by its GGUF name (``blk.0.attn_q.weight``, ...)."""
+    """Every Q4_1 2-D tensor of a GGUF file by its GGUF name (``blk.0.attn_q.weight``, ...)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))

@@ -33,8 +33,6 @@ class Int4Linear(nn.Module):
 
     def __init__(self, w: QuantizedMatrix, weight: torch.Tensor | None = None) -> None:
         super().__init__()
-        if w.fmt != "Q4_1":
-            raise ValueError(f"Int4Linear computes Q4_1 blocks, not {w.fmt}")
         self.blocks = w
         self.out_features, self.in_features = w.shape
         codes = torch.from_numpy(w.codes.astype(np.int32))

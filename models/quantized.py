@@ -96,7 +96,10 @@ def backend_of(model: nn.Module) -> str:
     return getattr(getattr(model, "config", None), "branchpoint_backend", "dense")
 
 
-def block_bytes(model: nn.Module) -> int:
-    """Bytes of weights the linear layers of the block backend read per token (codes, scales, zeros, the head)."""
-    seen = {id(m): m for m in model.modules() if isinstance(m, (Int4Linear, BF16Linear))}
-    return sum(m.bytes_read for m in seen.values())
+def linear_bytes(model: nn.Module) -> int:
+    """Weight bytes the linear layers and the LM head read per token: quantized blocks (codes, scales, zeros) and the
+    bfloat16 head on the block backend, else the float weights (each module once)."""
+    seen = {id(m): m for m in model.modules()
+            if isinstance(m, (Int4Linear, BF16Linear, nn.Linear)) or type(m).__name__ == "PackedLinear"}
+    return sum(m.bytes_read if isinstance(m, (Int4Linear, BF16Linear)) else m.weight.numel() * m.weight.element_size()
+               for m in seen.values())
