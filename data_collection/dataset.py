@@ -161,7 +161,7 @@ def merge_manifests(out: str | Path, expected_count: int | None = None) -> dict:
     return merged
 
 
-def read_manifest(out: str | Path) -> dict:
+def read_dataset_manifest(out: str | Path) -> dict:
     return read_json(Path(out) / MANIFEST, DatasetError, "run `branchpoint collect` (or `dvc repro collect`) first")
 
 
@@ -170,7 +170,7 @@ def load_collected(out: str | Path, splits: Iterable[str] | None = None, verify:
     import datasets
 
     out = Path(out)
-    manifest = read_manifest(out)
+    manifest = read_dataset_manifest(out)
     files = []
     for s in manifest["shards"]:
         path = out / s["file"]

@@ -104,7 +104,7 @@ def summarize(trajectories: Iterable[Trajectory]) -> dict:
     return {s: {**v, "settings": dict(sorted(v["settings"].items()))} for s, v in sorted(out.items())}
 
 
-def read_manifest(path: str | Path) -> dict:
+def read_trajectory_manifest(path: str | Path) -> dict:
     """The manifest of the trajectories folder ``path`` (a clear error when missing or unreadable)."""
     folder = _folder(path)
     manifest_path = folder / MANIFEST_FILE
@@ -130,7 +130,7 @@ def load_trajectories(path: str | Path, splits: Iterable[str] | None = None) -> 
     import pyarrow.parquet as pq
 
     folder = _folder(path)
-    manifest = read_manifest(folder)
+    manifest = read_trajectory_manifest(folder)
     wanted = None if splits is None else set(splits)
     if wanted is not None and wanted - set(SPLITS):
         raise ValueError(f"unknown splits {sorted(wanted - set(SPLITS))}; splits are {SPLITS}")

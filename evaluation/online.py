@@ -47,7 +47,7 @@ from export.policies import CHAIN_METHOD, build_policy
 
 from .claims import chain_source
 
-CHAIN = "chain"
+CHAIN_STATIC = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
 THRESHOLD_CHAIN = "threshold_chain"
 PROMPT_LOOKUP = "prompt_lookup"
@@ -92,7 +92,7 @@ def best_statics(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], space:
     if chain and src is not None:
         chain_ok = np.array([a.is_chain for a in space]) & (size > 0)
         E = np.where(chain_ok, labels[src], np.nan)
-        out[CHAIN] = (CHAIN_METHOD, throughput.best_static(E, T[CHAIN_METHOD]))
+        out[CHAIN_STATIC] = (CHAIN_METHOD, throughput.best_static(E, T[CHAIN_METHOD]))
     for m in methods:
         E = np.where(size > 0, labels[m], np.nan)
         out[f"static:{m}"] = (m, throughput.best_static(E, T[m]))
@@ -106,7 +106,7 @@ def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]
     lengths = [a.L1 for a in space if a.is_chain and a.tree_size > 0]
     if not lengths:
         raise ValueError("the action grid has no chain (K = 1, L2 = 0, L1 >= 1) for the adaptive chain")
-    start = space[statics[CHAIN][1]].L1 if CHAIN in statics else min(lengths)
+    start = space[statics[CHAIN_STATIC][1]].L1 if CHAIN_STATIC in statics else min(lengths)
     policy = AdaptiveChain(max(lengths), min(max(start, 1), max(lengths)))
     return EvalPolicy(ADAPTIVE_CHAIN, "adaptive_chain", CHAIN_METHOD, policy)
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from decoding.files import sha256_file
-from export.runtime import ONNX_FILE, SIDECAR_FILE, STEP_SECONDS, output_names
+from export.runtime import ONNX_FILE, SIDECAR_FILE, STEP_SECONDS, onnx_output_names
 
 OPSET = 17
 
@@ -64,7 +64,7 @@ def output_table(outputs: Mapping) -> list[list[str]]:
 
 def build_sidecar(meta: Mapping, onnx_sha256: str, parity: dict, versions: dict) -> dict:
     outputs = meta["outputs"]
-    names = output_names(meta.get("objective"))
+    names = onnx_output_names(meta.get("objective"))
     return {
         "format": "branchpoint-selector-onnx", "format_version": 1,
         "kind": meta.get("kind", "tree"),  # chain: outputs (1, n, 0), one chain verified (pipeline/chain_selector.py)
@@ -108,7 +108,7 @@ def export_selector(net: nn.Module, meta: Mapping, out_dir: str | Path, parity_i
     if set(names) != set(parity_inputs):
         raise ValueError(f"parity inputs {sorted(parity_inputs)} do not match the schema's {names}")
     graph = DecisionGraph(net, list(meta["outputs"]["valid"])).eval()
-    names_out = list(output_names(meta.get("objective")))
+    names_out = list(onnx_output_names(meta.get("objective")))
     args = tuple(torch.from_numpy(np.asarray(parity_inputs[n], dtype=np.float32)) for n in names)
     args += (torch.from_numpy(np.asarray(parity_seconds, dtype=np.float32)),)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

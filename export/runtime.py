@@ -42,7 +42,7 @@ OUTPUTS = ("expected_block_efficiency", "choice")
 SCORE_OUTPUTS = ("score", "choice")  # the throughput objective's outputs are decision scores, not Ê
 
 
-def output_names(objective: str | None) -> tuple[str, str]:
+def onnx_output_names(objective: str | None) -> tuple[str, str]:
     """The graph's output names for a selector trained with ``objective``."""
     return SCORE_OUTPUTS if objective == "throughput" else OUTPUTS
 

@@ -52,7 +52,7 @@ from export.policies import build_policy
 from export.runtime import SelectorRuntime, read_sidecar
 from models.hf_compat import cache_kwargs
 
-CHAIN = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
+CHAIN_KIND = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
 HOOKS = ("_assisted_decoding", "_get_candidate_generator")  # the private names of transformers used here
 
 
@@ -90,7 +90,7 @@ def load_chain_selector(folder: str | Path, model, latency: str | Path | None = 
                                "(`mlflow artifacts download -u models:/branchpoint-chain-selector/<N>`)")
     sidecar = read_sidecar(folder)
     kind = sidecar.get("kind", "tree")
-    if kind != CHAIN:
+    if kind != CHAIN_KIND:
         raise IntegrationError(f"{folder}: a {kind} selector (it chooses draft trees, {len(sidecar['outputs']['table'])}"
                                " outputs); transformers verifies one chain: use the chain selector (artifacts/"
                                "selector_chain, `branchpoint chain-selector`, registered model branchpoint-chain-selector)")

@@ -1,4 +1,4 @@
-"""scikit-learn baselines of the selector, judged exactly like it (`models.selector_eval.evaluate`).
+"""scikit-learn baselines of the selector, judged exactly like it (`models.selector_eval.selector_report`).
 
 - ``best_static``: the output with the best path TPS on the train roots, at every root (a static
   policy: it pays no feature cost);
@@ -77,10 +77,11 @@ def with_known_values(pred: np.ndarray, layout) -> np.ndarray:
     return out
 
 
-def baseline_reports(fit: SelectorData, evals: dict[str, SelectorData], evaluate, kinds=BASELINES,
+def baseline_reports(fit: SelectorData, evals: dict[str, SelectorData], report, kinds=BASELINES,
                      seed: int = 0) -> dict[str, dict]:
     """``{baseline: {"fit_seconds", <eval name>: report}}``: each baseline fitted on ``fit`` and evaluated
-    on every set of ``evals`` (e.g. val and test) by ``evaluate(pred, data, fit, valid)``."""
+    on every set of ``evals`` (e.g. val and test) by ``report(pred, data, fit, valid)``
+    (`models.selector_eval.selector_report`)."""
     valid = fit.valid_outputs()
     out: dict[str, dict] = {}
     for kind in kinds:
@@ -92,13 +93,13 @@ def baseline_reports(fit: SelectorData, evals: dict[str, SelectorData], evaluate
             for name, data in evals.items():
                 onehot = np.zeros((len(data), data.layout.size))
                 onehot[:, a] = 1.0
-                entry[name] = evaluate(onehot, replace(data, cost=data.cost_static), fit, valid)
+                entry[name] = report(onehot, replace(data, cost=data.cost_static), fit, valid)
         elif kind in ("ridge", "hgb"):
             model = ScalarRegressor(kind, seed).fit(fit.inputs["scalars"], fit.labels.astype(np.float64), valid)
             entry = {"fit_seconds": time.perf_counter() - start}
             for name, data in evals.items():
                 pred = with_known_values(model.predict(data.inputs["scalars"]), data.layout)
-                entry[name] = evaluate(pred, data, fit, valid)
+                entry[name] = report(pred, data, fit, valid)
         else:
             raise ValueError(f"unknown baseline {kind!r}; known: {', '.join(BASELINES)}")
         out[kind] = entry

@@ -6,14 +6,14 @@ decision rule ``argmax_o pred / cost`` (`decoding.pricing.decide`, over the vali
     path TPS = n / sum_c T(c, a*(c)) / Ê(c, a*(c))      (`decoding.throughput`: tokens per second along the decode path)
 
 where the selector pays ``cost`` (its features and inference) and static policies and the oracle pay
-``cost_static``. `evaluate` compares the selector with:
+``cost_static``. `selector_report` compares the selector with:
 - ``best_static``: the output with the best path TPS on the FIT (train) roots, measured here;
 - ``best_static_per_sampling``: the same, chosen per sampling setting (a lookup table on T and top-p);
 - ``oracle``: the per-root ``argmax Ê / T`` (what label-perfect predictions would give, free features);
 - ``traversal_best_static``: Traversal's best static action (when Traversal's labels were collected);
 - ``autoregressive``: one target step per token.
 plus ``regret = 1 - TPS_selector / TPS_oracle``, the mean per-root regret of the rate Ê/T, and the
-MAE and Spearman correlation of the predicted Ê per output. `evaluate` returns all of this overall,
+MAE and Spearman correlation of the predicted Ê per output. `selector_report` returns all of this overall,
 per sampling setting, per prompt source and (``method: auto``) per method.
 """
 
@@ -26,7 +26,7 @@ from decoding import pricing, throughput
 from .selector_data import SelectorData
 
 
-def output_names(data: SelectorData) -> list[str]:
+def output_labels(data: SelectorData) -> list[str]:
     lay = data.layout
     return [f"{m}:{a}" if lay.auto else str(a) for m in lay.methods for a in lay.actions]
 
@@ -74,7 +74,7 @@ def _compare(E, cost, cost_static, cost_ar, choice, a_static, a_group, trav, a_t
             "per_root_regret": float(np.mean(1.0 - rate / best))}
 
 
-def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.ndarray | None = None) -> dict:
+def selector_report(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.ndarray | None = None) -> dict:
     """The selector's report on ``data``'s roots (see module docstring); statics chosen on ``fit``."""
     valid = fit.valid_outputs() if valid is None else np.asarray(valid, bool)
     E = np.where(valid, data.labels.astype(np.float64), np.nan)  # [n, O]
@@ -92,7 +92,7 @@ def evaluate(pred: np.ndarray, data: SelectorData, fit: SelectorData, valid: np.
         return _compare(E[rows], data.cost[rows], data.cost_static[rows], data.cost_ar[rows], choice[rows],
                         a_static, a_group[rows], trav, a_trav)
 
-    names = output_names(data)
+    names = output_labels(data)
     report = on(np.arange(len(data)))
     report.update({k: v for k, v in prediction_quality(pred, E, valid).items() if not k.endswith("per_output")})
     report["best_static"] = names[a_static]

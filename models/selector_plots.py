@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .selector_data import SelectorData
-from .selector_eval import output_names
+from .selector_eval import output_labels
 
 
 def _figure():
@@ -65,7 +65,7 @@ def selector_plots(report: dict, pred: np.ndarray, data: SelectorData, valid: np
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     # chosen outputs
-    names = output_names(data)
+    names = output_labels(data)
     counts = np.bincount(report["_choice"], minlength=len(names)) / max(1, len(data))
     used = np.flatnonzero(counts)
     fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(used)), 3.5))

@@ -27,7 +27,7 @@ outputs are decision scores, not calibrated Ê (their MAE is reported all the sa
 as ``softplus_20(output)`` (= the output above ~0.25, always positive, never a dead gradient).
 
 Validation (each epoch, on all VAL roots at once so every DDP rank logs the same numbers):
-`models.selector_eval.evaluate` -> ``val/tps/selector``, ``val/selector_vs_best_static``, ``val/regret``,
+`models.selector_eval.selector_report` -> ``val/tps/selector``, ``val/selector_vs_best_static``, ``val/regret``,
 ``val/mae``, ``val/spearman``, ... and the same per sampling setting / source / method.
 """
 
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .selector_data import SelectorData, SelectorDataModule
-from .selector_eval import evaluate, flat_metrics
+from .selector_eval import flat_metrics, selector_report
 from .selector_network import SelectorNet
 
 OBJECTIVES = ("regression", "throughput")
@@ -156,7 +156,7 @@ class SelectorModule(pl.LightningModule):
         self.log("val/loss", self.loss(batch), batch_size=batch[0].shape[0], sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        report = evaluate(predict(self.net, self.val_data), self.val_data, self.fit_data,
+        report = selector_report(predict(self.net, self.val_data), self.val_data, self.fit_data,
                           self.valid.cpu().numpy())
         self.last_report = report
         for name, value in flat_metrics(report, "val").items():
@@ -230,5 +230,5 @@ def fit_selector(net: SelectorNet, dm: SelectorDataModule, hp: SelectorHParams,
         state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
         module.load_state_dict(state)
     net.cpu().eval()
-    module.last_report = evaluate(predict(net, val), val, fit, valid)  # the restored (best) epoch
+    module.last_report = selector_report(predict(net, val), val, fit, valid)  # the restored (best) epoch
     return module, best

@@ -76,10 +76,10 @@ def draft_digest(folder: str | Path) -> str:
 def trajectories_digest(folder: str | Path) -> str:
     """The identity of a trajectories folder in a dataset's config hash: the sha256 of its Parquet (the tokens
     collect reads), not the manifest's bookkeeping (sampling seconds, speed, batch size)."""
-    from data_collection.trajectories import PARQUET_FILE, REBUILD, TrajectoryError, read_manifest
+    from data_collection.trajectories import PARQUET_FILE, REBUILD, TrajectoryError, read_trajectory_manifest
 
     folder = Path(folder)
-    parquet = folder / read_manifest(folder).get("parquet", PARQUET_FILE)
+    parquet = folder / read_trajectory_manifest(folder).get("parquet", PARQUET_FILE)
     if not parquet.is_file():
         raise TrajectoryError(f"{parquet} is missing (the manifest names it); {REBUILD}")
     return sha256_file(parquet)[:16]
@@ -179,7 +179,7 @@ def collect_metrics(cfg) -> dict:
     """metrics/collect.json from the merged dataset and the latency profile (see README / issue notes)."""
     import numpy as np
 
-    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset import label_matrix, load_collected, read_dataset_manifest
     from data_collection.dataset_schema import SECONDS_KINDS, seconds_column
     from decoding import pricing, throughput
     from decoding.actions import AR_ACTION
@@ -187,7 +187,7 @@ def collect_metrics(cfg) -> dict:
     from decoding.sampling import sampling_key
 
     c, space = cfg.collect, cfg.actions.space()
-    manifest = read_manifest(c.out)
+    manifest = read_dataset_manifest(c.out)
     ds = load_collected(c.out)
     latency = LatencyModel.load(cfg.profile.out)
     ctx = np.asarray(ds["context_length"])

@@ -48,10 +48,10 @@ def load_labels(cfg):
     """``(columns, labels per method, action space)`` of the collected dataset (labels and metadata only)."""
     import numpy as np
 
-    from data_collection.dataset import load_collected, read_manifest
+    from data_collection.dataset import load_collected, read_dataset_manifest
     from data_collection.dataset_schema import label_column
 
-    manifest = read_manifest(cfg.collect.out)
+    manifest = read_dataset_manifest(cfg.collect.out)
     actions = [str(a) for a in cfg.actions.space()]
     if manifest["actions"] != actions:
         raise UserInputError(f"{cfg.collect.out} was collected on another action grid ({len(manifest['actions'])} "
@@ -143,7 +143,7 @@ def with_lookup(cfg, policies: list, tuning: dict | None) -> list:
     return out
 
 
-def build_policies(cfg, statics, space, with_selector: bool):
+def evaluated_policies(cfg, statics, space, with_selector: bool):
     from evaluation.online import (
         AR_ACTION,
         AUTOREGRESSIVE,
@@ -199,7 +199,7 @@ def offline_part(cfg):
     best = oe.best_static_name(oe.offline_tps(*on(fit), statics, space))
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)
-    statics_decoded = {n: (m, a) for n, (m, a) in statics.items() if n in (oe.CHAIN, best) or m in decoded}
+    statics_decoded = {n: (m, a) for n, (m, a) in statics.items() if n in (oe.CHAIN_STATIC, best) or m in decoded}
     return {"space": space, "statics": statics_decoded, "offline": offline, "best_static": best, "findings": found,
             "test_roots": int(test.sum()), "fit_roots": int(fit.sum())}
 
@@ -219,7 +219,7 @@ def decode_all(cfg, args, off):
     pair = load_pair(cfg.model.target, cfg.model.draft, cfg.model.device, cfg.model.dtype, cfg.model.cache_dir,
                      cfg.model.placement())
     decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size, eos_ids(pair.tokenizer, pair.target))
-    policies, runtime = build_policies(cfg, off["statics"], off["space"], ec.selector and not args.no_selector)
+    policies, runtime = evaluated_policies(cfg, off["statics"], off["space"], ec.selector and not args.no_selector)
     threshold_chain, off["threshold_chain_tuning"] = tuned_threshold_chain(cfg, decoder)
     if threshold_chain is not None:
         policies.insert(next((i for i, p in enumerate(policies) if p.kind == "selector"), len(policies)),

@@ -3,7 +3,7 @@
 ``learning-curve``: selector quality vs training roots. The TRAIN prompts are shuffled (``--seed``) and the
 first 25 / 50 / 100 % of them (``--fractions``) train a selector each, with the stage's settings
 (``train.*``: feature set, objective, epochs, ...; the last epoch is kept), and every selector is scored on the
-same TEST roots (`models.selector_eval.evaluate`): selector / oracle, / best static, / autoregressive,
+same TEST roots (`models.selector_eval.selector_report`): selector / oracle, / best static, / autoregressive,
 regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
 (``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
 
@@ -85,10 +85,10 @@ def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
 
 
 def _test_row(pred, data, fit, valid) -> dict:
-    """`KEYS` of the selector's report on ``data`` (`models.selector_eval.evaluate`)."""
-    from models.selector_eval import evaluate
+    """`KEYS` of the selector's report on ``data`` (`models.selector_eval.selector_report`)."""
+    from models.selector_eval import selector_report
 
-    report = evaluate(pred, data, fit, valid)
+    report = selector_report(pred, data, fit, valid)
     return {k: float(report[k]) for k in KEYS}
 
 
@@ -98,7 +98,7 @@ def objectives(cfg, names: list[str], seeds: list[int]) -> dict:
     from dataclasses import replace
 
     from decoding import throughput
-    from models.selector_eval import output_names
+    from models.selector_eval import output_labels
     from models.selector_training import predict
     from pipeline.training_data import training_data
 
@@ -122,7 +122,7 @@ def objectives(cfg, names: list[str], seeds: list[int]) -> dict:
         x = np.array([r["selector_vs_best_static"] for r in rows if r["variant"] == v])
         summary[v] = {"selector_vs_best_static_mean": float(x.mean()), "min": float(x.min()), "max": float(x.max())}
     return {"study": "objectives", "feature_set": cfg.train.feature_set, "method": cfg.train.method,
-            "dataset": cfg.collect.out, "test_roots": len(test), "best_static": output_names(fit)[a_static],
+            "dataset": cfg.collect.out, "test_roots": len(test), "best_static": output_labels(fit)[a_static],
             "rows": rows, "summary": summary,
             "note": "path TPS (decoding.throughput) on TEST roots; selector priced with its decision cost"}
 

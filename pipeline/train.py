@@ -182,7 +182,7 @@ def train_one(cfg, args, chain: bool = False) -> int:
     from decoding.files import write_json_atomic
     from models.selector_baselines import baseline_reports
     from models.selector_data import SelectorDataModule
-    from models.selector_eval import evaluate, flat_metrics
+    from models.selector_eval import flat_metrics, selector_report
     from models.selector_network import save_selector
     from models.selector_training import FitSetup, fit_selector, predict
 
@@ -206,9 +206,9 @@ def train_one(cfg, args, chain: bool = False) -> int:
     valid = fit.valid_outputs()
     reports = {"val": module.last_report}
     if len(test):
-        reports["test"] = evaluate(predict(net, test), test, fit, valid)
+        reports["test"] = selector_report(predict(net, test), test, fit, valid)
     base_start = time.perf_counter()
-    baselines = baseline_reports(fit, {k: v for k, v in (("val", val), ("test", test)) if len(v)}, evaluate,
+    baselines = baseline_reports(fit, {k: v for k, v in (("val", val), ("test", test)) if len(v)}, selector_report,
                                  tc.baselines, tc.seed) if tc.baselines else {}
     base_seconds = time.perf_counter() - base_start
     client, run_id = logger.experiment, logger.run_id

@@ -61,11 +61,11 @@ def self_draft_config(td, vocab_subset_size: int, fingerprint: dict):
 
 def load_split_trajectories(cfg, target) -> dict[str, list]:
     """The stored trajectories by split, checked to come from ``target``."""
-    from data_collection.trajectories import check_target, load_trajectories, read_manifest
+    from data_collection.trajectories import check_target, load_trajectories, read_trajectory_manifest
     from models.self_draft import fingerprint_difference
 
     folder = cfg.trajectories.out
-    manifest = read_manifest(folder)
+    manifest = read_trajectory_manifest(folder)
     check_target(manifest, fingerprint_difference(manifest.get("target_fingerprint") or {}, target), folder)
     by_split: dict[str, list] = {"draft": [], "train": [], "val": [], "test": []}
     for t in load_trajectories(folder):
@@ -159,7 +159,7 @@ def setting_suffix(temperature: float, top_p: float) -> str:
     return f"T{temperature}" + ("" if top_p == 1.0 else f"_top_p{top_p}")
 
 
-def evaluate(cfg, target, tokenizer, draft, test: list) -> dict:
+def measure_draft(cfg, target, tokenizer, draft, test: list) -> dict:
     """Step 3 for any ``draft`` of ``target``: acceptance on the TEST trajectories at each of their sampling
     settings (overall, by prompt source and by target entropy), step-time ratio, expected chain efficiency."""
     import torch
@@ -265,7 +265,7 @@ def run(cfg, args) -> int:
     trajectories = load_split_trajectories(cfg, target)
     draft, facts = _draft_for_metrics(cfg, args, target, tokenizer, device, dtype, trajectories)
     with _threads(cfg.model.threads):  # measured as the decoder runs: on model.threads cores
-        metrics = {**evaluate(cfg, target, tokenizer, draft, trajectories["test"]), **facts}
+        metrics = {**measure_draft(cfg, target, tokenizer, draft, trajectories["test"]), **facts}
     write_json_atomic(Path(td.metrics), metrics)
     if facts.get("mlflow_run_id"):
         from mlflow.tracking import MlflowClient

@@ -87,14 +87,14 @@ def training_data(cfg, chain: bool = False) -> TrainingData:
     (`models.selector_data.chain_labels`)."""
     import numpy as np
 
-    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset import label_matrix, load_collected, read_dataset_manifest
     from data_collection.dataset_schema import label_se_column
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
     from models.selector_data import build_selector_data
 
     tc = cfg.train
-    manifest = read_manifest(cfg.collect.out)
+    manifest = read_dataset_manifest(cfg.collect.out)
     layout = layout_for(tc, manifest)
     hidden = manifest["pair"]["hidden_sizes"]
     schema = FeatureSchema.for_pair(tc.feature_set, hidden["target"], hidden["draft"])

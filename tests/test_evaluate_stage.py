@@ -218,8 +218,8 @@ def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded
     root, path = params
     cfg = load_config(path, ["evaluate.methods=[traversal]"])
     off = offline_part(cfg)
-    assert set(off["offline"]) == {oe.AUTOREGRESSIVE, oe.CHAIN, *(f"static:{m}" for m in METHODS)}
-    assert set(off["statics"]) == {oe.CHAIN, "static:traversal", off["best_static"]}
+    assert set(off["offline"]) == {oe.AUTOREGRESSIVE, oe.CHAIN_STATIC, *(f"static:{m}" for m in METHODS)}
+    assert set(off["statics"]) == {oe.CHAIN_STATIC, "static:traversal", off["best_static"]}
     # the best static is the highest TRAIN TPS of all three methods, recomputed here from the labels
     from decoding.latency import LatencyModel
 

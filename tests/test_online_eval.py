@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from decoding.actions import Action, ActionSpace
-from evaluation.online import CHAIN, best_statics, chosen, depth_acceptance, offline_tps
+from evaluation.online import CHAIN_STATIC, best_statics, chosen, depth_acceptance, offline_tps
 
 SPACE = ActionSpace(range(1, 3), range(0, 2), range(0, 2))  # (1,0,0) (1,0,1) (1,1,0) (1,1,1) (2,0,0) ...
 
@@ -25,10 +25,10 @@ def test_best_statics_speculate_and_the_chain_stays_a_chain():
     # E/T: every tree loses to autoregressive (at best 2.4 / 2.5 < 1), yet a static policy must speculate
     assert all(SPACE[a].tree_size > 0 for _, a in st.values())
     assert st["static:specinfer"] == ("specinfer", SPACE.index(Action(2, 1, 1)))  # its +0.8 wins among trees
-    method, a = st[CHAIN]
+    method, a = st[CHAIN_STATIC]
     assert method == "naive" and SPACE[a].is_chain and SPACE[a].tree_size > 0
-    assert CHAIN not in best_statics(labels, T, SPACE, ["traversal"], chain=False)
-    assert CHAIN not in best_statics({"traversal": labels["traversal"]}, T, SPACE, ["traversal"])  # no OT labels
+    assert CHAIN_STATIC not in best_statics(labels, T, SPACE, ["traversal"], chain=False)
+    assert CHAIN_STATIC not in best_statics({"traversal": labels["traversal"]}, T, SPACE, ["traversal"])  # no OT labels
 
 
 def test_a_method_that_verifies_slowly_is_priced_so():

@@ -15,7 +15,7 @@ from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
 from decoding.pricing import decide
 from models.selector_data import SelectorData, SelectorDataModule, build_selector_data
-from models.selector_eval import evaluate
+from models.selector_eval import selector_report
 from models.selector_network import OutputLayout, SelectorNet, load_selector, save_selector
 from models.selector_training import SelectorModule, fit_selector, predict
 
@@ -37,10 +37,10 @@ def _hp(**changes):
 
 
 def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"), auto=True) -> SelectorData:
-    from data_collection.dataset import label_matrix, load_collected, read_manifest
+    from data_collection.dataset import label_matrix, load_collected, read_dataset_manifest
 
     ds = load_collected(collected)
-    hidden = read_manifest(collected)["pair"]["hidden_sizes"]
+    hidden = read_dataset_manifest(collected)["pair"]["hidden_sizes"]
     schema = FeatureSchema.for_pair(feature_set, hidden["target"], hidden["draft"])
     layout = OutputLayout(tuple(methods), tuple(SPACE), auto)
     labels = {m: label_matrix(ds, m) for m in METHODS}
@@ -163,7 +163,7 @@ def test_path_tps_metrics_against_hand_values():
     data = _hand_data()
     # fit set, path TPS n / sum(T / E): 2/(1+1) = 1, 2/(1.5/1.8 + 1.5/1.2) = 0.96, 2/(2/2.1 + 2/1.3) = 0.80 -> output 0
     pred = np.array([[1.0, 2.0, 0.0], [1.0, 0.0, 0.0]])  # picks (1,1,0) at root 0 (2/1.6 > 1/1.1), AR at root 1
-    r = evaluate(pred, data, data)
+    r = selector_report(pred, data, data)
     assert r["_choice"].tolist() == [1, 0]
     sel = 2 / (1.6 / 1.8 + 1.1 / 1.0)
     assert r["tps"]["selector"] == pytest.approx(sel)
@@ -226,7 +226,7 @@ def test_auto_layout_is_method_major(collected):
         OutputLayout(("a", "b"), tuple(SPACE), auto=False)
     # predictions per (method, action); `auto` reports per method
     net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), lay.size)
-    r = evaluate(predict(net, data), data, data.subset(data.rows("train")))
+    r = selector_report(predict(net, data), data, data.subset(data.rows("train")))
     assert set(r["by_method"]) == set(METHODS)
 
 

@@ -12,7 +12,7 @@ from data_collection.trajectories import (
     Trajectory,
     TrajectoryError,
     load_trajectories,
-    read_manifest,
+    read_trajectory_manifest,
     save_trajectories,
 )
 from decoding.sampling import Sampling
@@ -92,7 +92,7 @@ def test_save_load_round_trip_and_split_filter(tmp_path):
     folder = save_trajectories(tmp_path / "t", trajectories(), {"target": "tiny"})
     assert load_trajectories(folder) == trajectories()
     assert load_trajectories(folder / "trajectories.parquet", splits=["test"]) == trajectories()[2:]
-    manifest = read_manifest(folder)
+    manifest = read_trajectory_manifest(folder)
     assert manifest["target"] == "tiny" and manifest["rows"] == 3
     assert manifest["counts"]["draft"] == {"trajectories": 1, "tokens": 3, "settings": {"T=1,top_p=1": 1}}
     assert not [p for p in folder.iterdir() if "tmp" in p.name]
@@ -180,7 +180,7 @@ def test_stage_splits_settings_and_seeded_reproduction(stage_args, tmp_path):
     tok = load_tokenizer(stage_args[stage_args.index("--set") + 1].split("=", 1)[1])
     text = " ".join(f"w{3 + j % 60}" for j in range(2))  # prompt id "0"
     assert next(t for t in first if t.prompt_id == "p/0").prompt_ids == encode_prompt(text, tok)
-    manifest = read_manifest(tmp_path / "a")
+    manifest = read_trajectory_manifest(tmp_path / "a")
     assert sum(c["trajectories"] for c in manifest["counts"].values()) == 24
     assert manifest["config"]["trajectories"]["max_new_tokens"] == 5 and manifest["target_fingerprint"]
 

@@ -1,0 +1,277 @@
+"""Benchmark: which draft is worth choosing for -> benchmarks/results/drafts.json (issue #46, docs/draft.md).
+
+One row per draft of the pipeline's target (as `load_pair` loads it: the quantized backend on CPU), each measured
+the way stage train_draft measures its artifact (`pipeline.train_draft.measure_draft`, TEST trajectories):
+
+- per-token acceptance ``sum_x min(p, q)`` at T = 1.0 and 0.6 along the target's own continuations;
+- the draft's decode step over the target's (one token after a KV cache, interleaved, ``step_time_ratio``);
+- the best *chain* (K = 1, L1 = 0, L2 = L) along the decode path, over autoregressive, from those two and the
+  profile's step prices (`chain_speedup`).
+
+Rows:
+1. ``self_draft``: stage train_draft's artifact (the default draft);
+2. ``layer_skip``: training-free layer skipping (Draft & Verify, SWIFT): the target's own layers with a searched set
+   skipped (`layer_skip_draft`). The search is a one-shot importance order on VAL (acceptance with each single layer
+   skipped; least harmful first), cut where the modelled chain speedup peaks; the best few cuts are measured on TEST;
+3. the EAGLE-style probe of docs/draft.md is not rebuilt here (it needs the target's last hidden state fed to the
+   draft, which the engine does not do): its row quotes that page's measurement and says so.
+
+The chain model. A chain rooted at position t accepts its first j drafted tokens with probability
+``prod_{i<j} a[t+i]`` (``models.draft_data.chain_block_efficiency``), so its block efficiency there is
+``E[t, L] = 1 + sum_{j=1..L} prod_{i<j} a[t+i]``. A chain step costs, over a plain step at context c
+(`decoding.pricing`: the profile's fitted step line, with this draft's forwards in place of the profiled draft's),
+
+    T(L) = tables * (t_p(c, 1 + L) / t_p(c, 1) + L * r) + step + forward * L + node * L      (r: step_time_ratio)
+
+and the path estimator (`decoding.throughput.path_tps`) gives the chain's speedup over autoregressive,
+``n / sum_t T(L) / E[t, L]``; the row reports the best L. For the self-draft the same number from the collect
+stage's labels (trees included, `metrics/collect.json`) stands next to it.
+
+Run: ``python -m benchmarks.bench_drafts`` after ``dvc repro train_draft profile`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path("benchmarks/results/drafts.json")
+CHAIN_LENGTHS = range(1, 9)
+EAGLE_PROBE = {  # docs/draft.md, "Measurements": first drafted token only, T = 1, VAL continuation positions
+    "acceptance_T1.0_first_token": 0.359, "source": "docs/draft.md EAGLE-style probe (2026-11-29, dense target)",
+    "measured_here": False,
+    "why_not_here": "an EAGLE head reads the target's last hidden state of the previous position; the engine "
+                    "feeds drafts token ids only, and the probe's first-token acceptance is already below the "
+                    "self-draft's 0.39 per token",
+    "reference": "EAGLE (Li et al., 2024) reports 0.6-0.8 acceptance per token on 7B-13B Vicuna/LLaMA2-chat",
+}
+
+
+def relabeled_layer(layer, index: int):
+    """A shallow copy of a decoder ``layer`` (same weights) whose attention writes KV cache slot ``index``."""
+    out = copy.copy(layer)
+    out._modules = dict(layer._modules)
+    attn = copy.copy(layer.self_attn)
+    attn._modules = dict(layer.self_attn._modules)
+    attn.layer_idx = index
+    out._modules["self_attn"] = attn
+    if hasattr(out, "layer_idx"):
+        out.layer_idx = index
+    return out
+
+
+def layer_skip_draft(target, keep: list[int]):
+    """The target with only the decoder layers ``keep`` (ascending indices), sharing every weight with it: an HF
+    causal LM of ``len(keep)`` layers that decodes with its own KV cache like any HF draft."""
+    import torch
+
+    keep = sorted(int(i) for i in keep)
+    n = target.config.num_hidden_layers
+    if not keep or keep[0] < 0 or keep[-1] >= n or len(set(keep)) != len(keep):
+        raise ValueError(f"layer_skip_draft: keep must be distinct layer indices in [0, {n}), got {keep}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(keep)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[i] for i in keep]
+    draft = copy.copy(target)
+    draft._modules = dict(target._modules)
+    draft.config = config
+    model = copy.copy(target.model)
+    model._modules = dict(target.model._modules)
+    model.config = config
+    model._modules["layers"] = torch.nn.ModuleList(relabeled_layer(target.model.layers[i], j)
+                                                   for j, i in enumerate(keep))
+    draft._modules["model"] = model
+    return draft
+
+
+def chain_efficiency(acceptance: list, length: int) -> np.ndarray:
+    """``[n]`` E[t, L] of a chain of ``length`` rooted at every position with ``length`` positions ahead."""
+    out = []
+    for a in acceptance:
+        a = np.asarray(a, dtype=np.float64)
+        for t in range(len(a) - length):
+            out.append(1.0 + np.cumprod(a[t:t + length]).sum())
+    return np.asarray(out)
+
+
+def chain_step_ratio(latency, context: float, length: int, draft_ratio: float) -> float:
+    """T(L) over a plain step (module docstring): the profile's fitted step line with this draft's forwards."""
+    tables, step, forward, node = latency.step_ratios.tree_vector()
+    passes = float(latency.t_p(context, 1 + length) / latency.t_p(context, 1))
+    return float(tables * (passes + length * draft_ratio) + step + forward * length + node * length)
+
+
+def chain_speedup(acceptance: list, latency, context: float, draft_ratio: float) -> dict:
+    """The best chain along the decode path over autoregressive: ``{"L", "speedup", "by_L"}``."""
+    by_length = {}
+    for length in CHAIN_LENGTHS:
+        e = chain_efficiency(acceptance, length)
+        if e.size:
+            t = chain_step_ratio(latency, context, length, draft_ratio)
+            by_length[length] = float(e.size / np.sum(t / e))  # path TPS in plain steps; AR is 1
+    best = max(by_length, key=by_length.get)
+    return {"L": best, "speedup": by_length[best], "by_L": by_length}
+
+
+def _target_probs(target, data, temperature: float, vocab: int):
+    import torch
+
+    from decoding.engine.torch_sampling import transform_logits
+    from decoding.sampling import Sampling
+
+    out = []
+    with torch.inference_mode():
+        for prompt, cont in zip(data.prompts, data.continuations, strict=True):
+            ids = torch.tensor([prompt + cont])
+            span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
+            out.append(transform_logits(target(input_ids=ids, use_cache=False).logits[0, span].float(),
+                                        Sampling(temperature), vocab))
+    return out
+
+
+def _acceptance(draft, data, target_probs, temperature: float, vocab: int) -> list:
+    import torch
+
+    from decoding.engine.torch_sampling import transform_logits
+    from decoding.sampling import Sampling
+
+    out = []
+    with torch.inference_mode():
+        for prompt, cont, p in zip(data.prompts, data.continuations, target_probs, strict=True):
+            ids = torch.tensor([prompt + cont])
+            span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
+            q = transform_logits(draft(input_ids=ids, use_cache=False).logits[0, span].float(), Sampling(temperature),
+                                 vocab)
+            out.append(torch.minimum(p, q).sum(-1).numpy())
+    return out
+
+
+def _step_ratio(target, draft, tokenizer, ids, context: int, reps: int) -> dict:
+    """`data_collection.profile.step_times` of the pair: one decode step each, interleaved."""
+    from data_collection.profile import TimedPair, step_times, tile_ids
+    from models.loading import common_vocab_size
+
+    return step_times(TimedPair(target, draft, common_vocab_size(target, draft, tokenizer)), tile_ids(ids, context),
+                      reps=reps)
+
+
+def search_layer_skip(target, tokenizer, val, latency, context: float, progress: bool = True) -> dict:
+    """The one-shot importance search (module docstring) on VAL at T = 1: the order, and per number of skipped
+    layers the VAL acceptance, the measured step ratio (10 interleaved steps) and the modelled chain speedup."""
+    from tqdm import tqdm
+
+    n = target.config.num_hidden_layers
+    vocab = target.get_output_embeddings().weight.shape[0]
+    probs = _target_probs(target, val, 1.0, vocab)
+    single = {}
+    for i in tqdm(range(n), desc="layer importance", disable=not progress):
+        acc = _acceptance(layer_skip_draft(target, [j for j in range(n) if j != i]), val, probs, 1.0, vocab)
+        single[i] = float(np.concatenate(acc).mean())
+    order = sorted(range(n), key=lambda i: -single[i])  # least harmful to skip first
+    curve = []
+    for skip in tqdm(range(2, n - 1, 2), desc="skip curve", disable=not progress):
+        keep = sorted(order[skip:])
+        draft = layer_skip_draft(target, keep)
+        acc = _acceptance(draft, val, probs, 1.0, vocab)
+        ratio = _step_ratio(target, draft, tokenizer, val.prompts[0], int(context), reps=10)["step_time_ratio"]
+        modelled = chain_speedup(acc, latency, context, ratio)
+        curve.append({"skipped": skip, "keep": keep, "val_acceptance_T1.0": float(np.concatenate(acc).mean()),
+                      "step_time_ratio": ratio, "modelled_chain_speedup": modelled["speedup"],
+                      "modelled_L": modelled["L"]})
+    return {"single_layer_skipped_val_acceptance": single, "order": order, "curve": curve}
+
+
+def _row(cfg, target, tokenizer, draft, test, latency, context: float) -> dict:
+    """What train_draft measures of ``draft`` (acceptance per TEST setting, the step ratio) and the chain model."""
+    from models.draft_data import acceptance_per_position
+    from pipeline.train_draft import _continuations, setting_suffix
+
+    td = cfg.train_draft
+    row = _step_ratio(target, draft, tokenizer, test[0].prompt_ids, td.timing_context, td.timing_reps)
+    for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
+        group = [t for t in test if t.setting == (temperature, top_p)]
+        acc = acceptance_per_position(target, draft, _continuations(group), [temperature], top_p)[temperature]
+        name = setting_suffix(temperature, top_p)
+        row[f"acceptance_test_{name}"] = float(np.concatenate([a.numpy() for a in acc]).mean())
+        row[f"best_chain_{name}"] = chain_speedup([a.numpy() for a in acc], latency, context, row["step_time_ratio"])
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--val-sequences", type=int, default=16, help="VAL trajectories the layer search reads")
+    parser.add_argument("--measure", type=int, default=3, help="layer-skip cuts measured on TEST (best modelled)")
+    parser.add_argument("--collect-metrics", default="metrics/collect.json",
+                        help="the collect stage's metrics: the self-draft's best static from labels")
+    parser.add_argument("--quick", action="store_true", help="4 VAL / 4 TEST trajectories, one cut: a smoke run")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+
+    from decoding.latency import LatencyModel
+    from models.loading import load_pair
+    from pipeline.config import load_config
+    from pipeline.train_draft import _continuations, load_split_trajectories
+
+    cfg = load_config(args.params if Path(args.params).is_file() else None)
+    torch.set_num_threads(cfg.model.threads)
+    pair = load_pair(cfg.model.target, f"self_draft:{cfg.train_draft.out}", cfg.model.device, cfg.model.dtype,
+                     cfg.model.cache_dir, cfg.model.placement())
+    target, tokenizer = pair.target, pair.tokenizer
+    latency = LatencyModel.load(cfg.profile.out)
+    splits = load_split_trajectories(cfg, target)
+    val = [t for t in splits["val"] if t.setting[0] == 1.0][: 4 if args.quick else args.val_sequences]
+    test = splits["test"][:4] if args.quick else splits["test"]
+    context = float(np.mean([len(t.prompt_ids) + len(t.continuation_ids) / 2 for t in test]))
+    start = time.perf_counter()
+    result: dict = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+                    "threads": torch.get_num_threads(), "loadavg_start": os.getloadavg()},
+        "target": cfg.model.target, "backend": cfg.model.backend, "latency_profile": cfg.profile.out,
+        "mean_context": context, "test_trajectories": len(test), "quick": args.quick, "rows": {},
+    }
+    print("self_draft: measuring the stage's artifact")
+    row = _row(cfg, target, tokenizer, pair.draft, test, latency, context)
+    collect = Path(args.collect_metrics)
+    if collect.is_file():
+        row["best_static_from_labels"] = {k: v for k, v in json.loads(collect.read_text()).items()
+                                          if "static" in k or "autoregressive" in k}
+    result["rows"]["self_draft"] = row
+    search = search_layer_skip(target, tokenizer, _continuations(val), latency, context)
+    result["layer_skip_search"] = search
+    best = sorted(search["curve"], key=lambda c: -c["modelled_chain_speedup"])[: 1 if args.quick else args.measure]
+    for cut in best:
+        name = f"layer_skip_{cut['skipped']}"
+        print(f"{name}: measuring on TEST (keeps {len(cut['keep'])} of {target.config.num_hidden_layers} layers)")
+        row = _row(cfg, target, tokenizer, layer_skip_draft(target, cut["keep"]), test, latency, context)
+        result["rows"][name] = {"keep": cut["keep"], **row}
+    result["rows"]["eagle_probe"] = EAGLE_PROBE
+    result["seconds"] = time.perf_counter() - start
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    tmp.replace(out)
+    for name, row in result["rows"].items():
+        if "step_time_ratio" in row:
+            print(f"{name:>16}: acceptance T1.0 {row.get('acceptance_test_T1.0', float('nan')):.3f}  "
+                  f"T0.6 {row.get('acceptance_test_T0.6', float('nan')):.3f}  step ratio {row['step_time_ratio']:.3f}  "
+                  f"best chain T1.0 {row['best_chain_T1.0']['speedup']:.3f}x (L={row['best_chain_T1.0']['L']})")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
