@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from decoding import throughput
+
 OUT = Path("benchmarks/results/drafts.json")
 CHAIN_LENGTHS = range(1, 9)
 EAGLE_PROBE = {  # docs/draft.md, "Measurements": first drafted token only, T = 1, VAL continuation positions
@@ -115,8 +117,8 @@ def chain_speedup(acceptance: list, latency, context: float, draft_ratio: float)
     for length in CHAIN_LENGTHS:
         e = chain_efficiency(acceptance, length)
         if e.size:
-            t = chain_step_ratio(latency, context, length, draft_ratio)
-            by_length[length] = float(e.size / np.sum(t / e))  # path TPS in plain steps; AR is 1
+            t = np.full((e.size, 1), chain_step_ratio(latency, context, length, draft_ratio))
+            by_length[length] = throughput.path_tps(e[:, None], t, np.zeros(e.size, int))  # plain steps: AR is 1
     best = max(by_length, key=by_length.get)
     return {"L": best, "speedup": by_length[best], "by_L": by_length}
 
@@ -245,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     row = _row(cfg, target, tokenizer, pair.draft, test, latency, context)
     collect = Path(args.collect_metrics)
     if collect.is_file():
-        row["best_static_from_labels"] = {k: v for k, v in json.loads(collect.read_text()).items()
-                                          if "static" in k or "autoregressive" in k}
+        row["best_static_from_labels"] = {m: {k: v[k] for k in ("best_static", "best_static_vs_ar", "oracle_vs_ar")}
+                                          for m, v in json.loads(collect.read_text())["methods"].items()}
     result["rows"]["self_draft"] = row
     search = search_layer_skip(target, tokenizer, _continuations(val), latency, context)
     result["layer_skip_search"] = search

@@ -157,7 +157,7 @@ class SelectorModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         report = selector_report(predict(self.net, self.val_data), self.val_data, self.fit_data,
-                          self.valid.cpu().numpy())
+                                 self.valid.cpu().numpy())
         self.last_report = report
         for name, value in flat_metrics(report, "val").items():
             self.log(name, value, prog_bar=name in ("val/selector_vs_best_static", "val/mae"))
