@@ -13,7 +13,11 @@ One run, interleaved (each repetition times every backend in turn, so a phase of
 4. ``perplexity``: held-out perplexity (HumanEval prompts the selector never trains on are not needed: the
    text is scored teacher-forced) of each backend next to the dense float32 reference.
 
-Run: ``python -m benchmarks.bench_target_backend [--quick] [--skip-llamacpp]``.
+``--baseline DIR`` (a checkout of an earlier commit, ``git worktree add /tmp/before <commit>``) times the step
+classes only: every repetition runs them once in a fresh process on the current code and once on DIR's
+(``PYTHONPATH=DIR``), alternating; the JSON (``results/target_backend_ab.json``) holds ``after`` / ``before``.
+
+Run: ``python -m benchmarks.bench_target_backend [--quick] [--skip-llamacpp] [--baseline DIR]``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -33,6 +39,7 @@ from decoding.files import write_json_atomic
 from decoding.sampling import Sampling
 
 RESULTS = Path(__file__).parent / "results" / "target_backend.json"
+AB_RESULTS = RESULTS.with_name("target_backend_ab.json")
 BACKENDS = ("dense", "int4")
 
 
@@ -99,12 +106,53 @@ def perplexity(model: torch.nn.Module, texts: list[list[int]]) -> float:
     return math.exp(nll / count)
 
 
+def step_classes(cfg) -> dict:
+    return {"plain": None, "2,0,1": Action(2, 0, 1), "largest": cfg.actions.space().max_action}
+
+
+def one_repetition(cfg, backends: list[str], tokens: int, n_prompts: int, method: str) -> dict:
+    """``{backend: {class: ms per step}}`` of one repetition in this process (the ``--baseline`` child)."""
+    from data_collection.prompts import load_prompt_set
+
+    tok, models = load_backends(cfg, backends)
+    prompts = [tok(t)["input_ids"][-200:] for t in load_prompt_set("humaneval")["text"][-n_prompts:]]
+    return {b: {c: step_ms(SpeculativeDecoder(target, draft), prompts, tokens, method, a)
+                for c, a in step_classes(cfg).items()} for b, (target, draft) in models.items()}
+
+
+def compare_with_baseline(args, reps: int, tokens: int, n_prompts: int) -> dict:
+    """Repetitions alternating the current code and ``args.baseline``'s, each in a fresh process; medians."""
+    runs: dict[str, list[dict]] = {"after": [], "before": []}
+    for rep in range(reps):
+        for side, root in (("after", str(Path(__file__).resolve().parents[1])), ("before", args.baseline)):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--backends", args.backends,
+                   "--method", args.method, "--tokens", str(tokens), "--prompts", str(n_prompts)]
+            out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=root), cwd=root, capture_output=True,
+                                 text=True, check=True)
+            runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"rep {rep} {side}: {runs[side][-1]}", flush=True)
+    med = {side: {b: {c: statistics.median(r[b][c] for r in rs) for c in rs[0][b]} for b in rs[0]}
+           for side, rs in runs.items()}
+    result = {"baseline": args.baseline, "repetitions": reps, "tokens": tokens, "prompts": n_prompts,
+              "method": args.method, "load_average_1min": round(os.getloadavg()[0], 2), "steps_ms": med,
+              "runs": runs, "after_over_before": {b: {c: med["after"][b][c] / med["before"][b][c]
+                                                      for c in med["after"][b]} for b in med["after"]}}
+    write_json_atomic(AB_RESULTS, result)
+    print(json.dumps(result["after_over_before"], indent=1))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens, prompts and repetitions")
     parser.add_argument("--skip-llamacpp", action="store_true", help="do not run llama.cpp")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
     parser.add_argument("--method", default="specinfer", help="verification method of the drafted step classes")
+    parser.add_argument("--baseline", default=None,
+                        help="a checkout of earlier code: time the step classes on both, alternating (module doc)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prompts", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     from data_collection.prompts import load_prompt_set
     from models.loading import gguf_file
@@ -114,10 +162,17 @@ def main() -> None:
     threads = cfg.model.threads
     torch.set_num_threads(threads)
     reps, tokens, n_prompts = (2, 24, 2) if args.quick else (3, 48, 4)
+    tokens, n_prompts = args.tokens or tokens, args.prompts or n_prompts
+    if args.child:  # one repetition, printed as one line for the parent
+        print(json.dumps(one_repetition(cfg, args.backends.split(","), tokens, n_prompts, args.method)))
+        return
+    if args.baseline:
+        compare_with_baseline(args, reps, tokens, n_prompts)
+        return
     tok, models = load_backends(cfg, args.backends.split(","))
     texts = load_prompt_set("humaneval")["text"]
     prompts = [tok(t)["input_ids"][-200:] for t in texts[-n_prompts:]]
-    classes = {"plain": None, "2,0,1": Action(2, 0, 1), "largest": cfg.actions.space().max_action}
+    classes = step_classes(cfg)
     gguf = gguf_file(cfg.model.target)
     llama = None
     if not args.skip_llamacpp and gguf is not None:

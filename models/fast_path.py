@@ -69,13 +69,18 @@ class PackedLinear(nn.Module):
         self._packed = pack_weight(self.weight)
         self._packed_version = weight_version(self.weight)
 
+    def release(self) -> None:
+        """Drop the packed copy (a fused copy computes this layer now, `models.lean_layers`); the next call that
+        needs it packs it again."""
+        self._packed, self._packed_version = None, -2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad or
                                         (self.bias is not None and self.bias.requires_grad)):
             return nn.functional.linear(x, self.weight, self.bias)
         if x.device.type != "cpu" or x.dtype not in _PACK_DTYPES:
             return nn.functional.linear(x, self.weight, self.bias)
-        if weight_version(self.weight) != self._packed_version:
+        if self._packed is None or weight_version(self.weight) != self._packed_version:
             self.repack()
         return packed_linear(x, self._packed, None if self.bias is None else self.bias.detach())
 

@@ -1,34 +1,45 @@
-"""The self-draft's shared decoder layers run without the HF module overhead (`LeanLayers`).
+"""Decoder layers without the HF module overhead: `LeanLayers` (the self-draft's shared layers) and
+`use_lean_forward` (the target's whole decoder stack).
 
-The draft runs its k shared layers on one or two tokens per forward, so most of its time is not the
-matrix products but the Python around them: HF's layer, attention and MLP modules, their decorators
-and keyword plumbing cost about 0.2 ms per layer per call on this CPU. `LeanLayers` runs the same
-computation as HF's Llama-family decoder layer (pre-norm attention with rotary embeddings, grouped
+A decode step runs every layer on one to a few tokens, so much of its time is not the matrix products but
+the Python around them: HF's layer, attention and MLP modules, their decorators and keyword plumbing cost
+about 0.2 ms per layer per call on this CPU, more than the int4 products of a layer. `LeanLayers` runs the
+same computation as HF's Llama-family decoder layer (pre-norm attention with rotary embeddings, grouped
 KV heads, gated SiLU MLP) as one plain function per layer, with
 
 - Q, K and V fused into one weight and gate and up into another, each packed once for oneDNN
   (`models.fast_path.pack_weight`): 4 products per layer instead of 7; layers on a GGUF file's blocks
   (`models.int4.Int4Linear`, the quantized target backend) are fused the same way from their blocks;
 - the layer's own RMSNorm modules and its architecture's own ``apply_rotary_pos_emb``;
-- SDPA with ``enable_gqa`` (no repeated K/V copies), the caller's additive mask, and the layer's scale;
-- the same ``DynamicCache`` updates, so `decoding.engine.cache.KVState` prunes and forks it as before.
+- rotary and attention **in float64**: SDPA with ``enable_gqa`` (no repeated K/V copies), the caller's additive mask
+  and the layer's scale, on a float64 KV cache. A row's attention then rounds to the same float32 whatever else
+  the pass holds. In float32 a tree pass's row and a one-token step's differ in the last bits (SDPA reduces over a
+  different number of keys); on the int4 backend, which rounds every product's input to bfloat16, those bits grew
+  to a 1.2% logit difference (total variation 0.03) between a tree pass and plain steps on an AVX2 EPYC;
+- the same ``DynamicCache`` interface, so `decoding.engine.cache.KVState` prunes and forks it as before.
 
-It gives the same hidden states as the HF layers (bit-identical on SmolLM2; tested to 1e-5 on tiny
-Llama and Qwen2 models) and is used only where it applies: CPU float32 with oneDNN, no gradients, and
-layers of the supported form (`supports`). Anything else (CUDA, bf16, training, q/k-norm architectures
-such as Qwen3, sliding windows) runs the HF layers unchanged. The fused copies are rebuilt when a source
-weight changes in place (an optimizer step), as `PackedLinear` does.
+It gives the same hidden states as the HF layers up to float rounding (tested to 1e-5 on tiny Llama and Qwen2
+models) and is used only where it applies: CPU float32 with oneDNN, no gradients, layers of the supported form
+(`supports`). Anything else (CUDA, bf16, training, q/k-norm architectures such as Qwen3, sliding windows) runs the
+HF layers unchanged. A layer shared by the target and the self-draft has one set of fused copies (`_lean_of`),
+rebuilt when a source weight changes in place (an optimizer step), as `PackedLinear` does.
+
+`use_lean_forward` routes a loaded causal LM's decoder stack (``model.model``: embedding, rotary, layers, final
+norm) through `LeanLayers` for every call it applies to, so the engine, trajectories, labels and transformers'
+``generate`` compute the target the same way. Calls it does not cover (gradients, another device or dtype,
+``inputs_embeds``, attention outputs, a per-layer-type mask dict, a layer with forward hooks) go to HF's forward.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.fast_path import can_pack, pack_weight, packed_linear, weight_version
+from models.fast_path import PackedLinear, can_pack, pack_weight, packed_linear, weight_version
 from models.int4 import Int4Linear
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -64,7 +75,8 @@ class _Lean:
 
     def __init__(self, layer: nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.layer = layer
+        # the layer's parts, not the layer itself: `_LEAN` is keyed by the layer and must not keep it alive
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.idx = attn.layer_idx
         self.head_dim = attn.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
@@ -77,16 +89,19 @@ class _Lean:
 
     def pack(self) -> None:
         """(Re)build the fused, packed copies from the source weights as they are now."""
-        attn, mlp = self.layer.self_attn, self.layer.mlp
-        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o = _fused([attn.o_proj])
-        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
-        self.down = _fused([mlp.down_proj])
+        q, k, v, o, gate, up, down = self.sources
+        self.qkv = _fused([q, k, v])
+        self.o = _fused([o])
+        self.gate_up = _fused([gate, up])
+        self.down = _fused([down])
+        for m in self.sources:  # the fused copies replace the per-module ones (one packed copy of each weight)
+            if isinstance(m, PackedLinear):
+                m.release()
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask, cache) -> torch.Tensor:
         batch, n, _ = h.shape
-        layer, d = self.layer, self.head_dim
-        qkv = self.qkv(layer.input_layernorm(h))  # [B, n, (heads + 2 kv) d]
+        d = self.head_dim
+        qkv = self.qkv(self.input_norm(h)).double()  # [B, n, (heads + 2 kv) d]; float64 from here to attention
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q = q.view(batch, n, self.heads, d).transpose(1, 2)  # [B, heads, n, d]
         k = k.view(batch, n, self.kv_heads, d).transpose(1, 2)
@@ -96,8 +111,8 @@ class _Lean:
             k, v = cache.update(k, v, self.idx)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                            enable_gqa=self.heads != self.kv_heads)
-        h = h + self.o(a.transpose(1, 2).reshape(batch, n, -1))
-        gate, up = self.gate_up(layer.post_attention_layernorm(h)).split([self.width, self.width], dim=-1)
+        h = h + self.o(a.transpose(1, 2).reshape(batch, n, -1).to(h.dtype))
+        gate, up = self.gate_up(self.post_norm(h)).split([self.width, self.width], dim=-1)
         return h + self.down(F.silu(gate) * up)
 
 
@@ -119,12 +134,23 @@ def _fused(linears: list[nn.Module]):
     return lambda x: packed_linear(x, packed, bias)
 
 
+_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer module -> its one `_Lean`
+
+
+def _lean_of(layer: nn.Module) -> _Lean:
+    """The layer's fused copies, built once per layer module (the target and the self-draft share its layers)."""
+    lean = _LEAN.get(layer)
+    if lean is None:
+        lean = _LEAN[layer] = _Lean(layer)
+    return lean
+
+
 class LeanLayers:
     """The decoder layers ``layers`` as plain functions (module docstring); call `applies` first."""
 
     def __init__(self, layers: nn.ModuleList) -> None:
         self.ok = len(layers) > 0 and all(supports(layer) for layer in layers)
-        self.layers = [_Lean(layer) for layer in layers] if self.ok else []
+        self.layers = [_lean_of(layer) for layer in layers] if self.ok else []
         self._sources = [m for lean in self.layers for m in lean.sources]  # every layer's, in one flat list
         self._packed_versions = self._versions()
 
@@ -137,15 +163,100 @@ class LeanLayers:
         caller checks that first, before building this, `models.self_draft.SelfDraft._lean_layers`.)"""
         return self.ok and h.device.type == "cpu" and h.dtype == torch.float32
 
-    def __call__(self, h: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], mask, cache
-                 ) -> torch.Tensor:
-        """Hidden states ``[B, n, H]`` after every layer; updates ``cache`` (a DynamicCache or None)."""
+    def __call__(self, h: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], mask, cache,
+                 outputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Hidden states ``[B, n, H]`` after every layer; updates ``cache`` (a DynamicCache or None); appends each
+        layer's input to ``outputs`` when given (HF's ``hidden_states`` but the last)."""
         versions = self._versions()  # one check per call, over all layers
         if versions != self._packed_versions:  # a source weight changed in place (an optimizer step)
             for lean in self.layers:
                 lean.pack()
             self._packed_versions = versions
-        cos, sin = position_embeddings
+        # rotary and attention in float64 (module docstring): a row's attention is the same whatever the pass holds
+        cos, sin = (t.double() for t in position_embeddings)
+        mask = None if mask is None else mask.double()  # [B|1, 1, n, S + n]: additive, as the scores
         for lean in self.layers:
+            if outputs is not None:
+                outputs.append(h)
             h = lean(h, cos, sin, mask, cache)
         return h
+
+
+def additive_mask(mask, n: int, past: int, dtype, device):
+    """None (no query is kept from any key) or an additive float mask ``[B|1, 1, n, past+n]`` from a 4D mask (bool:
+    True = may attend, or already additive), a 2D padding mask ``[B, past+n]`` or None (causal over the new tokens)."""
+    blocked = torch.finfo(dtype).min
+    if mask is not None and mask.dim() == 4:
+        if mask.dtype == torch.bool:
+            return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, blocked)
+        return mask.to(dtype)
+    causal = None
+    if n > 1:
+        q = torch.arange(past, past + n, device=device).unsqueeze(1)  # [n, 1]
+        kv = torch.arange(past + n, device=device).unsqueeze(0)  # [1, past+n]
+        causal = torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(kv > q, blocked)[None, None]
+    if mask is None or bool(mask.all()):
+        return causal
+    if mask.dim() != 2 or mask.shape[1] != past + n:
+        raise ValueError(f"2D attention_mask must be [B, past+n] = [B, {past + n}], got {tuple(mask.shape)}")
+    pad = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask == 0, blocked)[:, None, None, :]
+    return pad if causal is None else (pad + causal).clamp_min(blocked)
+
+
+_DECODER_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+_PASSED_THROUGH = {"return_dict", "output_attentions"}  # keywords the lean forward accepts when falsy / None
+
+
+def _hooked(layers: nn.ModuleList) -> bool:
+    """Whether a layer module has forward hooks (e.g. `models.draft_data` capturing layer k's output): they fire
+    only when the module itself is called, so such a call takes HF's path."""
+    return any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)
+
+
+def use_lean_forward(model: nn.Module) -> bool:
+    """Route ``model.model``'s forward through `LeanLayers` (module docstring) where it applies, in place; returns
+    whether it was installed (a Llama-family decoder stack whose every layer `supports`)."""
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in _DECODER_PARTS) or len(inner.layers) == 0:
+        return False
+    if not all(supports(layer) for layer in inner.layers) or getattr(inner, "_lean_installed", False):
+        return False
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    cache_field = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+    hf_forward = inner.forward
+    lean = LeanLayers(inner.layers)
+
+    def forward(input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, use_cache=None,
+                output_hidden_states=None, **kwargs):
+        cache = kwargs.pop("cache", None)
+        cache = kwargs.pop("past_key_values", None) if cache is None else cache
+        unsupported = (input_ids is None or inputs_embeds is not None or isinstance(attention_mask, dict)
+                       or torch.is_grad_enabled() or any(kwargs.get(k) for k in _PASSED_THROUGH)
+                       or set(kwargs) - _PASSED_THROUGH or _hooked(inner.layers))
+        h = None if unsupported else inner.embed_tokens(input_ids)  # [B, n, H]
+        if h is None or not lean.applies(h):
+            more = {} if cache is None else {cache_field: cache}
+            return hf_forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              inputs_embeds=inputs_embeds, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states, **more, **kwargs)
+        if use_cache is None:
+            use_cache = inner.config.use_cache
+        if use_cache and cache is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+        n = input_ids.shape[1]
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n, device=h.device).unsqueeze(0)
+        mask = additive_mask(attention_mask, n, past, h.dtype, h.device)
+        hidden = [] if output_hidden_states else None
+        h = inner.norm(lean(h, inner.rotary_emb(h, position_ids=position_ids), mask,
+                            cache if use_cache else None, hidden))
+        return BaseModelOutputWithPast(last_hidden_state=h, hidden_states=None if hidden is None else (*hidden, h),
+                                       **{cache_field: cache if use_cache else None})
+
+    inner.forward = forward
+    inner._lean_installed = True
+    return True

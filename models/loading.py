@@ -221,7 +221,11 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: P
         from models.quantized import use_gguf_blocks
 
         use_gguf_blocks(model, gguf)
-    return prepare_for_inference(model)
+    from models.lean_layers import use_lean_forward
+
+    model = prepare_for_inference(model)
+    use_lean_forward(model)  # the decoder stack without HF's per-layer plumbing, where it applies (CPU float32)
+    return model
 
 
 def gguf_file(spec: str) -> Path | None:

@@ -39,6 +39,7 @@ from torch import nn
 
 from decoding.errors import UserInputError
 from models.hf_compat import cache_kwargs
+from models.lean_layers import additive_mask
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -202,7 +203,7 @@ class SelfDraft(nn.Module):
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past, past + n, device=h.device).unsqueeze(0)  # [1, n]
-        mask = _additive_mask(attention_mask, n, past, h.dtype, h.device)  # None or [B|1, 1, n, past+n]
+        mask = additive_mask(attention_mask, n, past, h.dtype, h.device)  # None or [B|1, 1, n, past+n]
         pos_emb = self.rotary_emb(h, position_ids=position_ids)
         lean = self._lean_layers(h)
         if lean is not None:
@@ -264,26 +265,6 @@ class SelfDraft(nn.Module):
         state["logit_bias"] = self.head.bias.detach().cpu().contiguous()
         state["vocab_subset"] = self.vocab_subset.cpu().contiguous()
         return state
-
-
-def _additive_mask(mask, n: int, past: int, dtype, device):
-    """None (one query token, attend everything), or an additive float mask [B|1, 1, n, past+n]."""
-    blocked = torch.finfo(dtype).min
-    if mask is not None and mask.dim() == 4:
-        if mask.dtype == torch.bool:  # True = may attend
-            return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, blocked)
-        return mask.to(dtype)
-    causal = None
-    if n > 1:
-        q = torch.arange(past, past + n, device=device).unsqueeze(1)  # [n, 1]
-        kv = torch.arange(past + n, device=device).unsqueeze(0)  # [1, past+n]
-        causal = torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(kv > q, blocked)[None, None]
-    if mask is None:
-        return causal
-    if mask.dim() != 2 or mask.shape[1] != past + n:
-        raise ValueError(f"2D attention_mask must be [B, past+n] = [B, {past + n}], got {tuple(mask.shape)}")
-    pad = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask == 0, blocked)[:, None, None, :]
-    return pad if causal is None else (pad + causal).clamp_min(blocked)
 
 
 def save_self_draft(draft: SelfDraft, folder: str | Path, extra: dict | None = None) -> Path:

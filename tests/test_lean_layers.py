@@ -1,16 +1,20 @@
-"""models/lean_layers.py: the self-draft's shared layers without HF's module overhead give HF's hidden
-states (Llama and Qwen2 with biases, prefill, cached steps, tree masks), fall back where they do not apply,
-and never run on stale fused weights."""
+"""models/lean_layers.py: the self-draft's shared layers and the target's decoder stack (`use_lean_forward`)
+without HF's module overhead give HF's hidden states (Llama and Qwen2 with biases, prefill, cached steps, tree
+masks), fall back where they do not apply, never run on stale fused weights, and score a tree pass's rows exactly
+as one-token steps (float64 attention)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import TINY_VOCAB, tiny_lm
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from decoding.engine.cache import KVState
+from decoding.engine.tree_pass import forward_nodes, prefill
 from models.fast_path import can_pack, prepare_for_inference
-from models.lean_layers import LeanLayers, supports
+from models.lean_layers import LeanLayers, supports, use_lean_forward
 from models.self_draft import SelfDraft, SelfDraftConfig
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="needs oneDNN on CPU")
@@ -63,7 +67,9 @@ def test_lean_matches_hf_prefill_and_cached_steps(make, one_thread):
     for a, b in zip(out[False][0], out[True][0], strict=True):
         assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
     for la, lb in zip(out[False][1].layers, out[True][1].layers, strict=True):  # same cache contents
-        assert torch.allclose(la.keys, lb.keys, atol=1e-5) and torch.allclose(la.values, lb.values, atol=1e-5)
+        assert lb.keys.dtype == lb.values.dtype == torch.float64  # the lean path attends in float64
+        assert torch.allclose(la.keys, lb.keys.float(), atol=1e-5)
+        assert torch.allclose(la.values, lb.values.float(), atol=1e-5)
 
 
 def test_lean_matches_hf_under_a_tree_mask(one_thread):
@@ -117,3 +123,59 @@ def test_in_place_weight_change_repacks(one_thread):
         after_hf = draft.hidden_after_layers(ids, use_cache=False)
     assert not torch.allclose(before, after_hf, atol=1e-3)
     assert torch.allclose(after_lean, after_hf, atol=1e-5)
+
+
+def lean_target(seed=5):
+    """A tiny target whose decoder stack runs through `use_lean_forward`, and the same weights through HF's."""
+    plain = tiny_lm(3, seed=seed, hidden=32)
+    lean = prepare_for_inference(tiny_lm(3, seed=seed, hidden=32))
+    assert use_lean_forward(lean) and not use_lean_forward(lean)  # installed once
+    return lean, plain
+
+
+def test_lean_forward_matches_hf_with_cache_and_hidden_states(one_thread):
+    lean, plain = lean_target()
+    ids = torch.randint(0, TINY_VOCAB, (1, 9))
+    with torch.inference_mode():
+        outs = []
+        for model in (plain, lean):
+            cache = DynamicCache()
+            first = model(input_ids=ids[:, :6], past_key_values=cache, use_cache=True)
+            step = model(input_ids=ids[:, 6:], past_key_values=cache, use_cache=True, output_hidden_states=True)
+            outs.append((first, step, cache))
+    (f0, s0, c0), (f1, s1, c1) = outs
+    assert torch.allclose(f0.logits, f1.logits, atol=1e-5) and torch.allclose(s0.logits, s1.logits, atol=1e-5)
+    assert len(s1.hidden_states) == len(s0.hidden_states) == 4  # embeddings, 2 layer outputs, the final norm
+    for a, b in zip(s0.hidden_states, s1.hidden_states, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert c1.get_seq_length() == c0.get_seq_length() == 9
+
+
+def test_lean_forward_falls_back_to_hf(one_thread):
+    lean, plain = lean_target()
+    ids = torch.randint(0, TINY_VOCAB, (1, 5))
+    with torch.enable_grad():  # autograd runs HF's layers: gradients reach the weights
+        lean(input_ids=ids, use_cache=False).logits.sum().backward()
+    assert lean.model.layers[0].mlp.up_proj.weight.grad is not None
+    with torch.no_grad():  # inputs_embeds is HF's business too
+        embeds = lean.model.embed_tokens(ids)
+        a, b = lean(inputs_embeds=embeds, use_cache=False).logits, plain(inputs_embeds=embeds, use_cache=False).logits
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_tree_pass_scores_its_rows_exactly_as_one_token_steps(one_thread):
+    """The engine's batch invariance: 5 chained tokens in one masked pass equal 5 one-token steps bit for bit
+    (float32 attention reduces over a different number of keys and misses this in the last bits)."""
+    lean, _ = lean_target(seed=6)
+    ids = torch.randint(0, TINY_VOCAB, (12,)).tolist()
+    context, chain = ids[:7], ids[7:]
+    with torch.inference_mode():
+        kv = KVState(lean)
+        prefill(kv, context)
+        allowed = np.concatenate([np.ones((5, 7), bool), np.tril(np.ones((5, 5), bool))], axis=1)
+        together, _ = forward_nodes(kv, chain, list(range(7, 12)), allowed)
+        kv = KVState(lean)
+        prefill(kv, context)
+        apart = torch.stack([forward_nodes(kv, [t], [7 + i], np.ones((1, 8 + i), bool))[0][0]
+                             for i, t in enumerate(chain)])
+    assert torch.equal(together, apart)

@@ -121,7 +121,9 @@ def test_device_map_loads_the_same_model(tmp_path, monkeypatch):
     assert mapped.device == input_device(mapped.target) == torch.device("cpu")
     ids = torch.tensor([[1, 5, 9, 3]])
     with torch.no_grad():
-        torch.testing.assert_close(mapped.target(ids).logits, plain.target(ids).logits, rtol=0, atol=0)
+        # the plain load runs its layers through models/lean_layers.py (float64 attention), the dispatched one
+        # through HF's modules: the same model up to float rounding
+        torch.testing.assert_close(mapped.target(ids).logits, plain.target(ids).logits, rtol=0, atol=1e-5)
     with pytest.raises(ModelLoadError, match="unknown device_map 'everywhere'"):
         load_pair(f"hf:{t}", f"hf:{d}", device="cpu", placement=Placement(device_map="everywhere"))
     monkeypatch.setenv("WORLD_SIZE", "2")

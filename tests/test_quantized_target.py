@@ -3,10 +3,11 @@
 invariant, and lossless under speculative decoding (greedy identity; chi-square on the first 3 tokens, as
 tests/test_engine_lossless.py).
 
-Tolerance. A tree pass over n rows and n plain one-row steps reach torch's 4-bit kernel and the bfloat16 head with
-different row counts. Measured, the rows are bit-identical; we require ``max |logit difference| <= 1e-4 * max
-|logit|``, small next to the gap between the two largest logits that a greedy step could flip on, which the
-greedy-identity tests then check end to end.
+Tolerance: none. A tree pass over n rows and n plain one-row steps reach torch's 4-bit kernel and the bfloat16 head
+with different row counts (each row's products do not depend on the others) and attention with different numbers of
+keys. Attention runs in float64 (models/lean_layers.py), so its rows round to the same float32; in float32 the last
+bits differed, and the bfloat16 rounding of every layer's input grew them to a 1.2% logit difference (total
+variation 0.03) on an AVX2 EPYC. So the test requires the logits to be equal, bit for bit.
 """
 
 import numpy as np
@@ -26,7 +27,6 @@ from models.quantized import QuantizedBackendError, backend_of, use_gguf_blocks
 
 SPEC = "embedded:smollm2-135m-instruct"
 PROMPT = "Write a Python function that checks whether a number is prime."
-TOLERANCE = 1e-4
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +89,7 @@ def test_tree_pass_and_plain_steps_agree(int4_target, prompt_ids):
         logits, _ = forward_nodes(step, [token], [len(context) + i], np.ones((1, len(step) + 1), bool))
         rows.append(logits[0])
     apart = torch.stack(rows)
-    err = ((together - apart).abs().max() / apart.abs().max()).item()
-    assert err < TOLERANCE, err
+    assert torch.equal(together, apart), (together - apart).abs().max()
 
 
 def test_weights_that_are_not_the_files_are_refused(prompt_ids):

@@ -20,6 +20,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # newest first (5.25, 5.17, decoder layers < 4.56)
 
@@ -58,12 +59,92 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+class _Growing:
+    """One of a layer's cache tensors ``[B, H, S, d]`` in a buffer with room to grow: appending copies only the new
+    slots (`DynamicLayer` concatenates the whole cache on every forward: ~25 us per layer per step here)."""
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None  # [B, H, capacity, d]
+        self.length = 0
+
+    def view(self) -> torch.Tensor | None:
+        return None if self.buf is None else self.buf[:, :, :self.length]
+
+    def _is_prefix_of_buffer(self, value: torch.Tensor) -> bool:
+        b = self.buf
+        return (b is not None and value.dim() == 4 and value.data_ptr() == b.data_ptr() and value.dtype == b.dtype
+                and value.shape[:2] == b.shape[:2] and value.shape[3] == b.shape[3] and value.stride() == b.stride()
+                and value.shape[2] <= b.shape[2])
+
+    def assign(self, value: torch.Tensor | None) -> None:
+        """``layer.keys = value``: a prefix of the buffer (a crop) only shortens it; anything else is copied in."""
+        if value is None or value.numel() == 0:
+            self.buf, self.length = None, 0
+        elif self._is_prefix_of_buffer(value):
+            self.length = value.shape[2]
+        else:
+            self.buf, self.length = None, 0
+            self.append(value)
+
+    def append(self, x: torch.Tensor) -> torch.Tensor:
+        """Add ``x`` ``[B, H, n, d]`` after the slots in use; returns the view of all of them."""
+        need = self.length + x.shape[2]
+        b = self.buf
+        if (b is None or need > b.shape[2] or b.shape[:2] != x.shape[:2] or b.shape[3] != x.shape[3]
+                or b.dtype != x.dtype or (b.is_inference() and not torch.is_inference_mode_enabled())):
+            # (a buffer made under inference_mode cannot be written outside it: a fresh one then)
+            grown = x.new_empty((*x.shape[:2], max(2 * need, 64), x.shape[3]))
+            if b is not None and self.length:
+                grown[:, :, :self.length] = b[:, :, :self.length]
+            self.buf = b = grown
+        b[:, :, self.length:need] = x
+        self.length = need
+        return b[:, :, :need]
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose ``keys`` / ``values`` are views of `_Growing` buffers: the same interface (HF's layers,
+    `KVState`'s prune, crop and fork read and assign them as before), appends without re-copying the cache."""
+
+    def __init__(self, **kwargs) -> None:
+        self._k, self._v = _Growing(), _Growing()
+        super().__init__(**kwargs)
+
+    keys = property(lambda self: self._empty_or(self._k.view()), lambda self, value: self._k.assign(value))
+    values = property(lambda self: self._empty_or(self._v.view()), lambda self, value: self._v.assign(value))
+
+    def _empty_or(self, view: torch.Tensor | None) -> torch.Tensor | None:
+        """An initialized layer with no slots reads as an empty tensor, as `DynamicLayer`'s does."""
+        if view is None and self.is_initialized:
+            return torch.empty(0, dtype=getattr(self, "dtype", None), device=getattr(self, "device", None))
+        return view
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._k.assign(None)
+        self._v.assign(None)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self._k.append(key_states), self._v.append(value_states)
+
+
+def growing_cache() -> DynamicCache:
+    """An empty `DynamicCache` whose layers are `GrowingLayer` s (created at their first update)."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
 class KVState:
     """One model's KV cache and the position of each slot (kept on the CPU as a Python list)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         self.positions: list[int] = []  # [S] position id of each slot
         self.device = model_device(model)
         self.dtype = model_dtype(model)
