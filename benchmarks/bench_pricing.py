@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from decoding.files import write_json_atomic
     from decoding.latency import LatencyModel
     from evaluation.audit import audit_table, pricing_audit
-    from evaluation.online import EvalPolicy, Progress, decode_units
+    from evaluation.online import DecodePlan, EvalPolicy, Progress, decode_units
     from export.policies import build_policy
     from pipeline.config import load_config
     from pipeline.profile import load_profiled_pair
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     decoder = SpeculativeDecoder(target, draft, vocab)
     todo = units(cfg, tokenizer, 4 if args.quick else args.prompts)
     tokens = 24 if args.quick else args.tokens
-    runs = decode_units(decoder, todo, policies, tokens, [0], True, Progress("pricing"), latency)
+    runs = decode_units(decoder, todo, policies, DecodePlan(tokens), Progress("pricing"), latency)
     audit = pricing_audit(runs)
     print(audit_table(audit))
     result = {"pair": {"target": cfg.model.target, "draft": draft_source}, "threads": torch.get_num_threads(),

@@ -186,11 +186,11 @@ def summarize(rows: list[dict], args) -> dict:
     best_ours = max(OURS, key=rate.get)
     ta, sa, groups = arrays(best_ours)
     tb, sb, _ = arrays(best_builtin)
-    ratio = ratio_ci(ta, sa, tb, sb, groups, n_boot=args.bootstrap, seed=args.seed)
+    ratio = ratio_ci((ta, sa), (tb, sb), groups, n_boot=args.bootstrap, seed=args.seed)
     per_t = {}
     for t in args.temperatures:
         (ta_t, sa_t, g_t), (tb_t, sb_t, _) = arrays(best_ours, t), arrays(best_builtin, t)
-        per_t[str(t)] = ratio_ci(ta_t, sa_t, tb_t, sb_t, g_t, n_boot=args.bootstrap, seed=args.seed)
+        per_t[str(t)] = ratio_ci((ta_t, sa_t), (tb_t, sb_t), g_t, n_boot=args.bootstrap, seed=args.seed)
     return {"policies": policies,
             "selector_vs_best_builtin": {**ratio, "selector_policy": best_ours, "best_builtin": best_builtin,
                                          "by_temperature": per_t, "goal": GOAL, "met": ratio["value"] >= GOAL}}

@@ -196,15 +196,25 @@ def _segments(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return i0, i0 + 1, w
 
 
-def _interpolate(contexts: np.ndarray, counts: np.ndarray, table: np.ndarray, floor: np.ndarray,
-                 c, n, what: str, grid_key: str):
-    """``table`` ``[C, N]`` at context ``c`` and count ``n`` (broadcast); see the module docstring."""
+class _Table:
+    """A profiled time table ``seconds [C, N]`` over ``contexts [C]`` x ``counts [N]``, its per-count floor over
+    contexts, and the names its errors use (``what``, the profile's grid key)."""
+
+    def __init__(self, contexts: np.ndarray, counts: np.ndarray, seconds: np.ndarray, what: str, grid_key: str):
+        self.contexts, self.counts, self.seconds = contexts, counts, seconds
+        self.floor = seconds.min(axis=0)  # [N]
+        self.what, self.grid_key = what, grid_key
+
+
+def _interpolate(t: _Table, c, n):
+    """``t.seconds`` at context ``c`` and count ``n`` (broadcast); see the module docstring."""
+    contexts, counts, table, floor = t.contexts, t.counts, t.seconds, t.floor
     c_arr, n_arr = np.broadcast_arrays(np.asarray(c, dtype=np.float64), np.asarray(n, dtype=np.float64))
     if np.any(~np.isfinite(c_arr)) or np.any(c_arr < 0):
-        raise ValueError(f"{what}: context length must be finite and >= 0, got {c!r}")
+        raise ValueError(f"{t.what}: context length must be finite and >= 0, got {c!r}")
     if np.any(n_arr < counts[0]) or np.any(n_arr > counts[-1]) or np.any(~np.isfinite(n_arr)):
-        raise ValueError(f"{what}: {n!r} is outside the profiled range {counts[0]:g}..{counts[-1]:g}; "
-                         f"extend profile.{grid_key} and re-run `branchpoint profile`")
+        raise ValueError(f"{t.what}: {n!r} is outside the profiled range {counts[0]:g}..{counts[-1]:g}; "
+                         f"extend profile.{t.grid_key} and re-run `branchpoint profile`")
     ci0, ci1, cw = _segments(contexts, c_arr)
     ni0, ni1, nw = _segments(counts, n_arr)
 
@@ -279,20 +289,20 @@ class LatencyModel:
         verify_of = _verify_seconds(self.verify_seconds)  # method -> {Action -> seconds} (what pricing reads)
         object.__setattr__(self, "verify_of", verify_of)
         object.__setattr__(self, "verify_seconds", {m: {str(a): v for a, v in by.items()} for m, by in verify_of.items()})
-        object.__setattr__(self, "_draft_floor", draft.min(axis=0))  # [R]
-        object.__setattr__(self, "_target_floor", target.min(axis=0))  # [N]
+        object.__setattr__(self, "_draft_table", _Table(self.contexts, self.draft_rows, self.draft_seconds,
+                                                        "t_q: draft rows", "draft_rows"))
+        object.__setattr__(self, "_target_table", _Table(self.contexts, self.target_tokens, self.target_seconds,
+                                                         "t_p: target tokens", "target_tokens"))
         object.__setattr__(self, "_root_memo", BlockMemo(self._root_block))  # context length -> root_step_seconds
 
     # --- interpolation ------------------------------------------------------------------------------------
     def t_q(self, l, rows) -> float | np.ndarray:  # noqa: E741 (l: context length, as in ALGORITHMS.md)
         """Seconds of one draft forward of ``rows`` query rows at context ``l`` (broadcast over arrays)."""
-        return _interpolate(self.contexts, self.draft_rows, self.draft_seconds, self._draft_floor, l, rows,
-                            "t_q: draft rows", "draft_rows")
+        return _interpolate(self._draft_table, l, rows)
 
     def t_p(self, l, tokens) -> float | np.ndarray:  # noqa: E741
         """Seconds of one target tree pass over ``tokens`` nodes (root included) at context ``l``."""
-        return _interpolate(self.contexts, self.target_tokens, self.target_seconds, self._target_floor, l, tokens,
-                            "t_p: target tokens", "target_tokens")
+        return _interpolate(self._target_table, l, tokens)
 
     def root_step_seconds(self, l: int) -> tuple[float, float]:  # noqa: E741
         """``(t_q(l, 1), t_p(l, 1))``: one draft and one target step at context ``l`` (the latency features),

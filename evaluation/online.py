@@ -131,7 +131,7 @@ def _tune(decoder, units: Sequence, grid: Sequence[tuple[dict, EvalPolicy]], max
     if not units or not grid:
         raise ValueError("tuning needs at least one prompt and one grid point")
     start = time.perf_counter()
-    runs = decode_units(decoder, units, [p for _, p in grid], max_new_tokens, [0], warmup)
+    runs = decode_units(decoder, units, [p for _, p in grid], DecodePlan(max_new_tokens, (0,), warmup))
     rows = []
     for params, p in grid:
         mine = [r for r in runs if r["policy"] == p.name]
@@ -221,12 +221,21 @@ def priced(steps: Sequence, policy: EvalPolicy, latency: LatencyModel | None) ->
     return out
 
 
-def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], max_new_tokens: int,
-                 seeds: Sequence[int], warmup: bool = True, progress: Callable[[int, int], None] | None = None,
-                 latency: LatencyModel | None = None) -> list[dict]:
+@dataclass(frozen=True)
+class DecodePlan:
+    """How long each run decodes, with which seeds, and whether one untimed warm-up run per policy comes first."""
+
+    max_new_tokens: int
+    seeds: tuple[int, ...] = (0,)
+    warmup: bool = True
+
+
+def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], plan: DecodePlan,
+                 progress: Callable[[int, int], None] | None = None, latency: LatencyModel | None = None) -> list[dict]:
     """Every policy decodes every (unit, seed) with `SpeculativeDecoder.generate`; one record per run (each step
     priced by ``latency`` when given: `priced`)."""
-    if warmup and units:  # first calls pay one-time costs (allocator, kernels, ONNX session): untimed
+    max_new_tokens, seeds = plan.max_new_tokens, plan.seeds
+    if plan.warmup and units:  # first calls pay one-time costs (allocator, kernels, ONNX session): untimed
         u = units[0]
         for p in policies:
             decoder.generate(list(u.prompt_ids), min(4, max_new_tokens), p.method, p.policy,

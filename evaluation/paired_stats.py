@@ -51,10 +51,11 @@ def rate_ci(num, den, groups, ci: float = 0.95, n_boot: int = 2000, seed: int = 
     return _interval(num.sum() / den.sum(), boot, ci)
 
 
-def ratio_ci(num_a, den_a, num_b, den_b, groups, ci: float = 0.95, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Paired ratio ``(sum num_a / sum den_a) / (sum num_b / sum den_b)``: the four arrays are aligned on the
-    same units (``[U]``), resampled together by ``groups``."""
-    arrays = [np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b)]
+def ratio_ci(a: tuple, b: tuple, groups, ci: float = 0.95, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Paired ratio ``(sum num_a / sum den_a) / (sum num_b / sum den_b)`` of ``a = (num_a, den_a)`` and
+    ``b = (num_b, den_b)``: the four arrays are aligned on the same units (``[U]``), resampled together by
+    ``groups``."""
+    arrays = [np.asarray(x, np.float64) for x in (*a, *b)]
     idx, w = _group_weights(np.asarray(groups), n_boot, seed)
     g = w.shape[1]
     na, da, nb, db = (w @ _sums(x, idx, g) for x in arrays)
@@ -88,10 +89,11 @@ def policy_table(runs: pd.DataFrame, references: dict[str, str], ci: float = 0.9
             j = paired(runs, policy, ref)
             if not len(j):
                 continue
-            entry[f"tps_vs_{label}"] = ratio_ci(j["tokens_a"], j["seconds_a"], j["tokens_b"], j["seconds_b"],
+            entry[f"tps_vs_{label}"] = ratio_ci((j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]),
                                                 j["prompt_id"], ci, n_boot, seed)
-            entry[f"block_efficiency_vs_{label}"] = ratio_ci(j["emitted_a"], j["steps_a"], j["emitted_b"],
-                                                             j["steps_b"], j["prompt_id"], ci, n_boot, seed)
+            entry[f"block_efficiency_vs_{label}"] = ratio_ci((j["emitted_a"], j["steps_a"]),
+                                                             (j["emitted_b"], j["steps_b"]), j["prompt_id"], ci,
+                                                             n_boot, seed)
         out[str(policy)] = entry
     return out
 
@@ -105,7 +107,7 @@ def gain_by(runs: pd.DataFrame, column: str, policies: list[str], reference: str
             j = paired(rows, policy, reference)
             if len(j) and policy != reference:
                 out.setdefault(str(value), {})[policy] = ratio_ci(
-                    j["tokens_a"], j["seconds_a"], j["tokens_b"], j["seconds_b"], j["prompt_id"], ci, n_boot, seed)
+                    (j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]), j["prompt_id"], ci, n_boot, seed)
     return out
 
 

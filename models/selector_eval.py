@@ -19,6 +19,8 @@ per sampling setting, per prompt source and (``method: auto``) per method.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from decoding import pricing, throughput
@@ -57,17 +59,29 @@ def _ratios(tps: dict) -> dict:
     return {f"selector_vs_{k}": sel / v for k, v in tps.items() if k != "selector" and v > 0}
 
 
-def _compare(E, cost, cost_static, cost_ar, choice, a_static, a_group, trav, a_trav) -> dict:
-    """TPS of the selector and of each reference on one set of rows."""
-    n = E.shape[0]
+@dataclass(frozen=True)
+class _Picks:
+    """What each policy picks at every root of the report's data: the selector's output ``[n]``, the best static
+    output (one, and per root its sampling's ``[n]``), Traversal's best static (None without Traversal labels)."""
+
+    selector: np.ndarray
+    static: int
+    static_by_sampling: np.ndarray
+    traversal_static: int | None
+
+
+def _compare(E: np.ndarray, data: SelectorData, rows: np.ndarray, picks: _Picks) -> dict:
+    """TPS of the selector and of each reference on ``rows`` of ``data`` (``E``: its labels, NaN where invalid)."""
+    E, cost, cost_static = E[rows], data.cost[rows], data.cost_static[rows]
+    choice, n = picks.selector[rows], len(rows)
     tps = {"selector": _tps(E, cost, choice),
-           "best_static": _tps(E, cost_static, np.full(n, a_static)),
-           "best_static_per_sampling": _tps(E, cost_static, a_group),
+           "best_static": _tps(E, cost_static, np.full(n, picks.static)),
+           "best_static_per_sampling": _tps(E, cost_static, picks.static_by_sampling[rows]),
            "oracle": _tps(E, cost_static, throughput.oracle_choice(E, cost_static)),
-           "autoregressive": float(n / cost_ar.sum())}
-    if trav is not None:
-        A = trav.shape[1]
-        tps["traversal_best_static"] = _tps(trav, cost_static[:, :A], np.full(n, a_trav))
+           "autoregressive": float(n / data.cost_ar[rows].sum())}
+    if data.traversal is not None:
+        trav = data.traversal[rows].astype(np.float64)
+        tps["traversal_best_static"] = _tps(trav, cost_static[:, : trav.shape[1]], np.full(n, picks.traversal_static))
     rate = E[np.arange(n), choice] / cost[np.arange(n), choice]
     best = np.max(np.where(np.isfinite(E), E, -np.inf) / cost_static, axis=1)
     return {"roots": int(n), "tps": tps, **_ratios(tps), "regret": 1.0 - tps["selector"] / tps["oracle"],
@@ -87,10 +101,10 @@ def selector_report(pred: np.ndarray, data: SelectorData, fit: SelectorData, val
     a_trav = (throughput.best_static(fit.traversal.astype(np.float64), fit.cost_static[:, : fit.traversal.shape[1]])
               if fit.traversal is not None else None)
 
+    picks = _Picks(choice, a_static, a_group, a_trav)
+
     def on(rows: np.ndarray) -> dict:
-        trav = None if data.traversal is None else data.traversal[rows].astype(np.float64)
-        return _compare(E[rows], data.cost[rows], data.cost_static[rows], data.cost_ar[rows], choice[rows],
-                        a_static, a_group[rows], trav, a_trav)
+        return _compare(E, data, rows, picks)
 
     names = output_labels(data)
     report = on(np.arange(len(data)))

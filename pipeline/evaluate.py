@@ -230,8 +230,8 @@ def decode_all(cfg, args, off):
           f"({', '.join(p.name + (f' {p.action}' if p.action else '') for p in policies)}), "
           f"{ec.max_new_tokens} new tokens each", flush=True)
     start = time.perf_counter()  # tuning above is not decode time: it is in the tuning's own seconds
-    runs = oe.decode_units(decoder, units, policies, ec.max_new_tokens, ec.seeds, ec.warmup, oe.Progress("evaluate"),
-                           LatencyModel.load(cfg.profile.out))
+    runs = oe.decode_units(decoder, units, policies, oe.DecodePlan(ec.max_new_tokens, tuple(ec.seeds), ec.warmup),
+                           oe.Progress("evaluate"), LatencyModel.load(cfg.profile.out))
     return units, available, policies, runtime, runs, time.perf_counter() - start
 
 

@@ -41,7 +41,7 @@ def test_paired_ratio_is_exact_when_one_policy_is_always_twice_as_fast():
     runs = _runs({"ar": 10.0, "fast": 20.0})
     j = paired(runs, "fast", "ar")
     assert len(j) == 12
-    r = ratio_ci(j["tokens_a"], j["seconds_a"], j["tokens_b"], j["seconds_b"], j["prompt_id"])
+    r = ratio_ci((j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]), j["prompt_id"])
     assert r["value"] == pytest.approx(2.0) and r["low"] == pytest.approx(2.0) and r["high"] == pytest.approx(2.0)
 
 
