@@ -164,8 +164,9 @@ def tune_prompt_lookup(decoder, units: Sequence, lengths: Sequence[int], min_ngr
 
 
 def best_static_name(offline_fit: dict[str, dict]) -> str | None:
-    """The static policy (``static:<method>``) of the highest path TPS in ``offline_tps`` of TRAIN roots."""
-    names = [n for n in offline_fit if n.startswith("static:")]
+    """The static policy of the highest path TPS in ``offline_tps`` of TRAIN roots: a speculating one
+    (``static:<method>``) or autoregressive (the static action 1,0,0) where no speculating static beats it."""
+    names = [n for n in offline_fit if n.startswith("static:") or n == AUTOREGRESSIVE]
     return max(names, key=lambda n: offline_fit[n]["tps"]) if names else None
 
 

@@ -247,7 +247,7 @@ def headline_paragraph(metrics: dict) -> str:
     if sel:
         parts.append(f"The trained selector alone decodes at {_ci(sel['tokens_per_second'], '{:.1f}')} tokens/s: "
                      f"{_ci(sel.get('tps_vs_autoregressive'))}x autoregressive, "
-                     f"{_ci(sel.get('tps_vs_best_static'))}x the best static and "
+                     f"{_ci(sel.get('tps_vs_best_static'))}x the best static ({metrics.get('best_static')}) and "
                      f"{_ci(sel.get('tps_vs_traversal_best_static'))}x Traversal's best static action "
                      "(the paper reports 1.05x over Traversal on its GPU pairs).")
     then = pol.get((metrics.get("selector") or {}).get("policy_lookup_then") or "")

@@ -86,3 +86,13 @@ def test_best_static_by_group_chooses_on_each_groups_fit_roots():
 
     got = throughput.best_static_by_group(E, T, keys, np.array(["T=1", "T=0.6", "T=0"]), fallback=7)
     assert got == {"T=1": 0, "T=0.6": 1, "T=0": 7}
+
+
+def test_the_best_static_is_autoregressive_where_no_speculating_static_beats_it():
+    from evaluation.online import AUTOREGRESSIVE, best_static_name
+
+    fit = {AUTOREGRESSIVE: {"tps": 10.0}, "static:traversal": {"tps": 9.2}, "static:naive_tree": {"tps": 9.5}}
+    assert best_static_name(fit) == AUTOREGRESSIVE  # the headline's "best static" is then autoregressive itself
+    fit["static:traversal"]["tps"] = 10.4
+    assert best_static_name(fit) == "static:traversal"
+    assert best_static_name({}) is None
