@@ -95,13 +95,13 @@ def layer_skip_draft(target, keep: list[int]):
 
 
 def chain_efficiency(acceptance: list, length: int) -> np.ndarray:
-    """``[n]`` E[t, L] of a chain of ``length`` rooted at every position with ``length`` positions ahead."""
-    out = []
-    for a in acceptance:
-        a = np.asarray(a, dtype=np.float64)
-        for t in range(len(a) - length):
-            out.append(1.0 + np.cumprod(a[t:t + length]).sum())
-    return np.asarray(out)
+    """``[n]`` E[t, L] of a chain of ``length`` rooted at every position with ``length`` positions ahead
+    (`models.draft_data.chain_efficiencies` of per-position acceptance arrays)."""
+    import torch
+
+    from models.draft_data import chain_efficiencies
+
+    return np.asarray(chain_efficiencies([torch.as_tensor(np.asarray(a)) for a in acceptance], length))
 
 
 def chain_step_ratio(latency, context: float, length: int, draft_ratio: float) -> float:
@@ -124,36 +124,31 @@ def chain_speedup(acceptance: list, latency, context: float, draft_ratio: float)
 
 
 def _target_probs(target, data, temperature: float, vocab: int):
+    """The target's sampling rows at every continuation position (computed once, reused for every skip variant)."""
     import torch
 
     from decoding.engine.torch_sampling import transform_logits
     from decoding.sampling import Sampling
+    from models.draft_data import continuation_logits
 
-    out = []
     with torch.inference_mode():
-        for prompt, cont in zip(data.prompts, data.continuations, strict=True):
-            ids = torch.tensor([prompt + cont])
-            span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
-            out.append(transform_logits(target(input_ids=ids, use_cache=False).logits[0, span].float(),
-                                        Sampling(temperature), vocab))
-    return out
+        return [transform_logits(continuation_logits(target, prompt, cont, "cpu"), Sampling(temperature), vocab)
+                for prompt, cont in zip(data.prompts, data.continuations, strict=True)]
 
 
 def _acceptance(draft, data, target_probs, temperature: float, vocab: int) -> list:
+    """Per continuation, ``sum_x min(p, q)`` at every position (`models.draft_data.position_stats` with the
+    target's rows cached)."""
     import torch
 
     from decoding.engine.torch_sampling import transform_logits
     from decoding.sampling import Sampling
+    from models.draft_data import continuation_logits
 
-    out = []
     with torch.inference_mode():
-        for prompt, cont, p in zip(data.prompts, data.continuations, target_probs, strict=True):
-            ids = torch.tensor([prompt + cont])
-            span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
-            q = transform_logits(draft(input_ids=ids, use_cache=False).logits[0, span].float(), Sampling(temperature),
-                                 vocab)
-            out.append(torch.minimum(p, q).sum(-1).numpy())
-    return out
+        return [torch.minimum(p, transform_logits(continuation_logits(draft, prompt, cont, "cpu"),
+                                                  Sampling(temperature), vocab)).sum(-1).numpy()
+                for prompt, cont, p in zip(data.prompts, data.continuations, target_probs, strict=True)]
 
 
 def _step_ratio(target, draft, tokenizer, ids, context: int, reps: int) -> dict:

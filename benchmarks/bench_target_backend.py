@@ -110,14 +110,24 @@ def step_classes(cfg) -> dict:
     return {"plain": None, "2,0,1": Action(2, 0, 1), "largest": cfg.actions.space().max_action}
 
 
-def one_repetition(cfg, backends: list[str], tokens: int, n_prompts: int, method: str) -> dict:
-    """``{backend: {class: ms per step}}`` of one repetition in this process (the ``--baseline`` child)."""
+def decode_prompts(tok, n_prompts: int) -> list[list[int]]:
+    """The last ``n_prompts`` HumanEval prompts, their last 200 tokens each."""
     from data_collection.prompts import load_prompt_set
 
+    return [tok(t)["input_ids"][-200:] for t in load_prompt_set("humaneval")["text"][-n_prompts:]]
+
+
+def class_ms(target, draft, prompts, tokens: int, method: str, classes: dict) -> dict[str, float]:
+    """``{step class: ms per step}`` of one pass over ``prompts`` (`step_ms`)."""
+    decoder = SpeculativeDecoder(target, draft)
+    return {name: step_ms(decoder, prompts, tokens, method, action) for name, action in classes.items()}
+
+
+def one_repetition(cfg, backends: list[str], tokens: int, n_prompts: int, method: str) -> dict:
+    """``{backend: {class: ms per step}}`` of one repetition in this process (the ``--baseline`` child)."""
     tok, models = load_backends(cfg, backends)
-    prompts = [tok(t)["input_ids"][-200:] for t in load_prompt_set("humaneval")["text"][-n_prompts:]]
-    return {b: {c: step_ms(SpeculativeDecoder(target, draft), prompts, tokens, method, a)
-                for c, a in step_classes(cfg).items()} for b, (target, draft) in models.items()}
+    prompts = decode_prompts(tok, n_prompts)
+    return {b: class_ms(target, draft, prompts, tokens, method, step_classes(cfg)) for b, (target, draft) in models.items()}
 
 
 def compare_with_baseline(args, reps: int, tokens: int, n_prompts: int) -> dict:
@@ -171,7 +181,7 @@ def main() -> None:
         return
     tok, models = load_backends(cfg, args.backends.split(","))
     texts = load_prompt_set("humaneval")["text"]
-    prompts = [tok(t)["input_ids"][-200:] for t in texts[-n_prompts:]]
+    prompts = decode_prompts(tok, n_prompts)
     classes = step_classes(cfg)
     gguf = gguf_file(cfg.model.target)
     llama = None
@@ -189,9 +199,8 @@ def main() -> None:
     llama_runs: list[float] = []
     for rep in range(reps):  # interleaved
         for backend, (target, draft) in models.items():
-            decoder = SpeculativeDecoder(target, draft)
-            for name, action in classes.items():
-                times[backend][name].append(step_ms(decoder, prompts, tokens, args.method, action))
+            for name, ms in class_ms(target, draft, prompts, tokens, args.method, classes).items():
+                times[backend][name].append(ms)
             print(f"rep {rep} {backend}: " + ", ".join(f"{c} {v[-1]:.1f} ms" for c, v in times[backend].items()),
                   flush=True)
         if llama is not None:

@@ -112,6 +112,14 @@ class PositionStats:
 
 
 @torch.no_grad()
+def continuation_logits(model: nn.Module, prompt: list[int], cont: list[int], device) -> torch.Tensor:
+    """``[Lc, V]`` float logits of ``model`` at the positions predicting ``cont`` after ``prompt`` (one forward of
+    the whole sequence, no cache)."""
+    ids = torch.tensor([prompt + cont], device=device)  # [1, Lp + Lc]
+    span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
+    return model(input_ids=ids, use_cache=False).logits[0, span].float()
+
+
 def position_stats(
     target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float], top_p: float = 1.0
 ) -> dict[float, PositionStats]:
@@ -129,10 +137,8 @@ def position_stats(
                 out[t].acceptance.append(torch.zeros(0))
                 out[t].target_entropy.append(torch.zeros(0))
             continue
-        ids = torch.tensor([prompt + cont], device=device)  # [1, Lp + Lc]
-        span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)  # positions predicting the continuation
-        p_logits = target(input_ids=ids, use_cache=False).logits[0, span].float()  # [Lc, V]
-        q_logits = draft(input_ids=ids, use_cache=False).logits[0, span].float()  # [Lc, V], -inf outside S
+        p_logits = continuation_logits(target, prompt, cont, device)  # [Lc, V]
+        q_logits = continuation_logits(draft, prompt, cont, device)  # [Lc, V], -inf outside S
         vocab = min(p_logits.shape[-1], q_logits.shape[-1])
         for t in temperatures:
             sampling = Sampling(t, top_p)
@@ -178,10 +184,13 @@ def chain_block_efficiency(acceptance: list[torch.Tensor], draft_len: int) -> fl
     along the target's own trajectory stand in for the drafted ones); block efficiency = 1 + sum over j of
     that product. Averaged over all roots with a full chain ahead.
     """
-    values = []
-    for a in acceptance:
-        for t in range(0, len(a) - draft_len):
-            values.append(1.0 + float(torch.cumprod(a[t : t + draft_len].double(), 0).sum()))
+    values = chain_efficiencies(acceptance, draft_len)
     return sum(values) / max(len(values), 1)
+
+
+def chain_efficiencies(acceptance: list[torch.Tensor], draft_len: int) -> list[float]:
+    """`chain_block_efficiency` at every root with a full chain ahead, in order (continuation by continuation)."""
+    return [1.0 + float(torch.cumprod(a[t : t + draft_len].double(), 0).sum())
+            for a in acceptance for t in range(0, len(a) - draft_len)]
 
 

@@ -39,7 +39,7 @@ from torch import nn
 
 from decoding.errors import UserInputError
 from models.hf_compat import cache_kwargs
-from models.lean_layers import additive_mask
+from models.lean_layers import step_inputs
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -199,12 +199,7 @@ class SelfDraft(nn.Module):
                             use_cache=True) -> torch.Tensor:
         """Hidden states after the k shared layers: [B, n, H]; updates ``cache`` for those layers."""
         h = self.embed_tokens(input_ids)  # [B, n, H]
-        n = input_ids.shape[1]
-        past = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(past, past + n, device=h.device).unsqueeze(0)  # [1, n]
-        mask = additive_mask(attention_mask, n, past, h.dtype, h.device)  # None or [B|1, 1, n, past+n]
-        pos_emb = self.rotary_emb(h, position_ids=position_ids)
+        position_ids, pos_emb, mask = step_inputs(h, self.rotary_emb, attention_mask, position_ids, cache)
         lean = self._lean_layers(h)
         if lean is not None:
             return lean(h, pos_emb, mask, cache if use_cache else None)
