@@ -9,12 +9,14 @@ the way stage train_draft measures its artifact (`pipeline.train_draft.measure_d
   profile's step prices (`chain_speedup`).
 
 Rows:
-1. ``self_draft``: stage train_draft's artifact (the default draft);
+1. every trained draft given by ``--drafts`` (default: ``model.draft``, stage train_draft's artifact), named by its
+   kind: ``self_draft`` (`models.self_draft`) and ``eagle`` (`models.eagle_draft`, a head on the target's last
+   hidden state). For the EAGLE head the chain model is exact at L = 1 only: deeper tokens are drafted from its own
+   predicted features, while the per-position acceptance here reads the target's (optimistic beyond L = 1; the
+   collect stage's labels measure the drafted trees as decoded);
 2. ``layer_skip``: training-free layer skipping (Draft & Verify, SWIFT): the target's own layers with a searched set
    skipped (`layer_skip_draft`). The search is a one-shot importance order on VAL (acceptance with each single layer
-   skipped; least harmful first), cut where the modelled chain speedup peaks; the best few cuts are measured on TEST;
-3. the EAGLE-style probe of docs/draft.md is not rebuilt here (it needs the target's last hidden state fed to the
-   draft, which the engine does not do): its row quotes that page's measurement and says so.
+   skipped; least harmful first), cut where the modelled chain speedup peaks; the best few cuts are measured on TEST.
 
 The chain model. A chain rooted at position t accepts its first j drafted tokens with probability
 ``prod_{i<j} a[t+i]`` (``models.draft_data.chain_block_efficiency``), so its block efficiency there is
@@ -46,16 +48,6 @@ from decoding import throughput
 
 OUT = Path("benchmarks/results/drafts.json")
 CHAIN_LENGTHS = range(1, 9)
-EAGLE_PROBE = {  # docs/draft.md, "Measurements": first drafted token only, T = 1, VAL continuation positions
-    "acceptance_T1.0_first_token": 0.359, "source": "docs/draft.md EAGLE-style probe (2026-11-29, dense target)",
-    "measured_here": False,
-    "why_not_here": "an EAGLE head reads the target's last hidden state of the previous position; the engine "
-                    "feeds drafts token ids only, and the probe's first-token acceptance is already below the "
-                    "self-draft's 0.39 per token",
-    "reference": "EAGLE (Li et al., 2024) reports 0.6-0.8 acceptance per token on 7B-13B Vicuna/LLaMA2-chat",
-}
-
-
 def relabeled_layer(layer, index: int):
     """A shallow copy of a decoder ``layer`` (same weights) whose attention writes KV cache slot ``index``."""
     out = copy.copy(layer)
@@ -209,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, default=3, help="layer-skip cuts measured on TEST (best modelled)")
     parser.add_argument("--collect-metrics", default="metrics/collect.json",
                         help="the collect stage's metrics: the self-draft's best static from labels")
+    parser.add_argument("--drafts", nargs="+", default=None,
+                        help="trained draft specs to measure, e.g. eagle:artifacts/draft self_draft:/tmp/sd "
+                             "(default: model.draft)")
     parser.add_argument("--quick", action="store_true", help="4 VAL / 4 TEST trajectories, one cut: a smoke run")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
@@ -217,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from decoding.latency import LatencyModel
-    from models.loading import load_pair
+    from models.loading import load_draft, load_pair, parse_spec
     from pipeline.config import load_config
     from pipeline.train_draft import _continuations, load_split_trajectories
 
     cfg = load_config(args.params if Path(args.params).is_file() else None)
     torch.set_num_threads(cfg.model.threads)
-    pair = load_pair(cfg.model.target, f"self_draft:{cfg.train_draft.out}", cfg.model.device, cfg.model.dtype,
+    pair = load_pair(cfg.model.target, cfg.model.target, cfg.model.device, cfg.model.dtype,
                      cfg.model.cache_dir, cfg.model.placement())
     target, tokenizer = pair.target, pair.tokenizer
     latency = LatencyModel.load(cfg.profile.out)
@@ -238,13 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         "target": cfg.model.target, "backend": cfg.model.backend, "latency_profile": cfg.profile.out,
         "mean_context": context, "test_trajectories": len(test), "quick": args.quick, "rows": {},
     }
-    print("self_draft: measuring the stage's artifact")
-    row = _row(cfg, target, tokenizer, pair.draft, test, latency, context)
-    collect = Path(args.collect_metrics)
-    if collect.is_file():
-        row["best_static_from_labels"] = {m: {k: v[k] for k in ("best_static", "best_static_vs_ar", "oracle_vs_ar")}
-                                          for m, v in json.loads(collect.read_text())["methods"].items()}
-    result["rows"]["self_draft"] = row
+    for spec in args.drafts or [cfg.model.draft]:
+        kind = parse_spec(spec)[0]
+        print(f"{kind}: measuring {spec}")
+        draft = load_draft(spec, target, tokenizer, cfg.model.target, pair.device, pair.dtype, cfg.model.cache_dir)
+        row = {"draft": spec, **_row(cfg, target, tokenizer, draft, test, latency, context)}
+        collect = Path(args.collect_metrics)
+        if spec == cfg.model.draft and collect.is_file():  # the collect stage labelled this draft's trees
+            row["best_static_from_labels"] = {
+                m: {k: v[k] for k in ("best_static", "best_static_vs_ar", "oracle_vs_ar")}
+                for m, v in json.loads(collect.read_text())["methods"].items()}
+        result["rows"][kind] = row
     search = search_layer_skip(target, tokenizer, _continuations(val), latency, context)
     result["layer_skip_search"] = search
     best = sorted(search["curve"], key=lambda c: -c["modelled_chain_speedup"])[: 1 if args.quick else args.measure]
@@ -253,7 +252,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: measuring on TEST (keeps {len(cut['keep'])} of {target.config.num_hidden_layers} layers)")
         row = _row(cfg, target, tokenizer, layer_skip_draft(target, cut["keep"]), test, latency, context)
         result["rows"][name] = {"keep": cut["keep"], **row}
-    result["rows"]["eagle_probe"] = EAGLE_PROBE
     result["seconds"] = time.perf_counter() - start
     result["machine"]["loadavg_end"] = os.getloadavg()
     out = Path(args.out)

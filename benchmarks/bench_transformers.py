@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import sys
 import time
@@ -219,6 +220,11 @@ def main(argv=None) -> int:
     if missing:  # `make bench` on a checkout without a pipeline run
         print(f"bench_transformers: skipped, {missing} missing: run `dvc repro` (stages profile, train_draft, "
               "collect, chain_selector) first, or pass --selector/--draft/--latency")
+        return 0
+    kind = json.loads((Path(args.draft) / "config.json").read_text()).get("kind", "self_draft")
+    if kind != "self_draft":  # transformers' assistant sees token ids only, not the target's hidden states
+        print(f"bench_transformers: skipped, {args.draft} holds a {kind} draft, which reads the target's hidden "
+              "states and cannot be transformers' assistant_model; pass --draft <a self-draft folder>")
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)

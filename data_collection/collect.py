@@ -122,13 +122,24 @@ class RootCollector:
             raise ValueError(f"root positions must lie in [1, {len(seq) - 1}], got {positions}")
         last, n = max(positions), len(positions)
         prev = [r - 1 for r in positions]
+        feature_draft = getattr(self.draft, "reads_target_hidden", False)
         t0 = time.perf_counter()
-        kv_t, p_logits, h_p = self.prefill(self.target, seq[:last], prev)  # context of the last root; [R, .]
+        if feature_draft:  # also the features two back (a zero feature before the first token): the draft's input
+            kv_t, p_logits, h_all = self.prefill(self.target, seq[:last], [max(r - 2, 0) for r in positions] + prev)
+            p_logits, h_p, h_pp = p_logits[n:], h_all[n:], h_all[:n].clone()
+            h_pp[torch.tensor([r < 2 for r in positions])] = 0.0
+        else:
+            kv_t, p_logits, h_p = self.prefill(self.target, seq[:last], prev)  # context of the last root; [R, .]
         t1 = time.perf_counter()
-        kv_d, q_logits, h_q = self.prefill(self.draft, seq[: last + 1], prev + positions)  # ... plus its root; [2R, .]
+        if feature_draft:  # its step on the target's features: before the root's predecessor, then before the root
+            ids = torch.tensor([seq[r] for r in prev + positions], dtype=torch.long)
+            kv_d, (q_logits, h_q) = None, self.draft.step(torch.cat([h_pp, h_p]), ids)
+        else:
+            kv_d, q_logits, h_q = self.prefill(self.draft, seq[: last + 1], prev + positions)  # ... plus its root
         t2 = time.perf_counter()
         return {
             "kv_t": kv_t, "kv_d": kv_d, "seconds": {"target": t1 - t0, "draft": t2 - t1},
+            "f_root": h_q[n:] if feature_draft else None,  # [R, H] the roots' draft features
             "p_prev": prob_rows(p_logits, sampling, self.vocab_size),  # [R, V]
             "q_prev": prob_rows(q_logits[:n], sampling, self.vocab_size),  # [R, V]
             "q_root": prob_rows(q_logits[n:], sampling, self.vocab_size),  # [R, V]
@@ -143,7 +154,7 @@ class RootCollector:
         """The raw features of the roots at ``positions`` (what `decoding.policy.RootFeatures` holds):
         ``p_prev``, ``q_prev``, ``q_root`` ``[R, V]`` and ``h_p_prev``, ``h_q_prev``, ``h_q_root``, ``e_root`` ``[R, H]``."""
         pre = self._prefill(seq, positions, sampling)
-        return {k: v for k, v in pre.items() if k not in ("kv_t", "kv_d", "seconds")}
+        return {k: v for k, v in pre.items() if k not in ("kv_t", "kv_d", "seconds", "f_root")}
 
     @torch.inference_mode()
     def collect(self, seq: list[int], positions: list[int], sampling: Sampling, key: str) -> RootRows:
@@ -155,8 +166,9 @@ class RootCollector:
         scalars = probability_scalars(pre["p_prev"], pre["q_prev"], pre["q_root"])  # [R, 6]
         share = {k: v / len(positions) for k, v in pre["seconds"].items()}
         for i, r in enumerate(positions):
-            rows = self._labels(pre["kv_t"], pre["kv_d"], seq, r, pre["q_root"][i], sampling,
-                                root_seed(self.seed, key, r))
+            draft_root = (DraftRoot(None, pre["q_root"][i], draft=self.draft, feature=pre["f_root"][i])
+                          if pre["kv_d"] is None else DraftRoot(pre["kv_d"].fork(r + 1), pre["q_root"][i]))
+            rows = self._labels(pre["kv_t"], draft_root, seq, r, sampling, root_seed(self.seed, key, r))
             out.position.append(r)
             out.root_token.append(int(seq[r]))
             for name in HIDDEN_COLUMNS:
@@ -170,13 +182,12 @@ class RootCollector:
             out.seconds["labels"].append(rows["seconds"]["labels"])
         return out
 
-    def _labels(self, kv_t: KVState, kv_d: KVState, seq: list[int], r: int, q_root: np.ndarray,
-                sampling: Sampling, rng: np.random.Generator) -> dict:
-        """Ê(c, a) at root r: mean over the forest's union trees, per method (and its standard error)."""
+    def _labels(self, kv_t: KVState, draft_root: DraftRoot, seq: list[int], r: int, sampling: Sampling,
+                rng: np.random.Generator) -> dict:
+        """Ê(c, a) at root r: mean over the forest's union trees, per method (and its standard error).
+        ``draft_root``: the draft at the root (its cache forked to context + root, or a feature draft's feature)."""
         t0 = time.perf_counter()
-        draft_kv = kv_d.fork(r + 1)  # context + root
-        drafted = draft_layout(DraftRoot(draft_kv, q_root), self.parents, self.depths,
-                               DraftRule(sampling, self.vocab_size), rng)
+        drafted = draft_layout(draft_root, self.parents, self.depths, DraftRule(sampling, self.vocab_size), rng)
         t1 = time.perf_counter()
         forest = DraftTree(self.space.max_action, drafted.tokens, self.parents, self.depths, self.children,
                            drafted.q_rows)

@@ -7,7 +7,9 @@ decoding really runs:
 
 - *draft step* ``(c, rows)``: on a draft `KVState` holding ``c`` slots, one `tree_pass.forward_nodes` call
   with ``rows`` query rows at one position, each row seeing the context and itself (the mask drafting
-  builds for a rollout level), then the sampling transform of its rows to numpy (as drafting does);
+  builds for a rollout level), then the sampling transform of its rows to numpy (as drafting does). A feature
+  draft (`models.eagle_draft`, no cache) runs one ``step`` over ``rows`` nodes; its cost does not depend on the
+  context or on the features' values, so the token embeddings stand in for them;
 - *target pass* ``(c, tokens)``: on a target `KVState` holding ``c`` slots, one
   `tree_pass.target_tree_pass` over a tree of ``tokens`` nodes (root included), then the sampling
   transform of all its rows (as the decode loop does). The tree is a chain; its shape does not change
@@ -64,6 +66,14 @@ def draft_step(kv: KVState, rows: int, tokens: Sequence[int], sampling: Sampling
     allowed[:, :c] = True
     allowed[np.arange(rows), c + np.arange(rows)] = True
     logits, _ = forward_nodes(kv, list(tokens[:rows]), [c] * rows, allowed)
+    return to_numpy_rows(transform_logits(logits, sampling, vocab_size))
+
+
+def feature_draft_step(draft: torch.nn.Module, rows: int, tokens: Sequence[int], sampling: Sampling,
+                       vocab_size: int) -> np.ndarray:
+    """One step of a feature draft over ``rows`` nodes, as drafting runs it; ``[rows, V]``."""
+    ids = torch.as_tensor(list(tokens[:rows]), dtype=torch.long, device=draft.device)
+    logits, _ = draft.step(draft.get_input_embeddings()(ids), ids)
     return to_numpy_rows(transform_logits(logits, sampling, vocab_size))
 
 
@@ -135,10 +145,12 @@ def time_grid(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress:
     # one cache pair per context (forks of one prefill), so that every round visits every context: a slow phase of
     # a shared machine then lands on all cells alike (timing the contexts one after the other, a slow minute made
     # the 64-token cells read 35 ms and the 256-token ones 26 ms)
-    full_t, full_d = KVState(target), KVState(draft)
+    features = bool(getattr(draft, "reads_target_hidden", False))  # a feature draft keeps no cache
+    full_t, full_d = KVState(target), None if features else KVState(draft)
     for kv in (full_t, full_d):
-        prefill(kv, ids[:max(contexts)])
-    caches = [(full_t.fork(c), full_d.fork(c)) for c in contexts]
+        if kv is not None:
+            prefill(kv, ids[:max(contexts)])
+    caches = [(full_t.fork(c), None if features else full_d.fork(c)) for c in contexts]
     del full_t, full_d
     rows = q_rows = None
     bar = tqdm(total=len(contexts) * (warmup + repeats) * (len(draft_rows) + len(target_tokens)), desc=progress,
@@ -151,11 +163,16 @@ def time_grid(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress:
                     for j, n in enumerate(counts):
                         _sync(device)
                         start = time.perf_counter()
-                        out = (draft_step(kv, n, feed, sampling, vocab_size) if kind == "draft"
-                               else target_pass(kv, feed[:n], sampling, vocab_size))
+                        if kind == "target":
+                            out = target_pass(kv, feed[:n], sampling, vocab_size)
+                        elif features:
+                            out = feature_draft_step(draft, n, feed, sampling, vocab_size)
+                        else:
+                            out = draft_step(kv, n, feed, sampling, vocab_size)
                         _sync(device)
                         elapsed = time.perf_counter() - start
-                        kv.crop(c)
+                        if kv is not None:
+                            kv.crop(c)
                         if rnd >= warmup:
                             (draft_s if kind == "draft" else target_s)[ci, j, rnd - warmup] = elapsed
                         if kind == "draft":

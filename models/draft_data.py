@@ -3,9 +3,10 @@
 Terms:
 - *continuation*: tokens the target sampled after a (chat-formatted) prompt, stopping at EOS; sampled once
   by stage trajectories (`models.sampler`, stored by `data_collection.trajectories`) and only read here.
-- *distillation record*: one continuation position t: the target's hidden state after layer k at t
-  ([H], stored float16) and the target's top-K next-token log-probabilities at T = 1 (ids [K] and
-  log-probs [K]). Full-vocabulary rows are never stored. Records come from teacher forcing: one forward
+- *distillation record*: one continuation position t: the draft's input at t (stored float16: the target's
+  hidden state after layer k, [H], for the self-draft; ``[h_{t-1}, e(x_t)]``, [2H], the target's final feature
+  one position back and the input embedding of token t, for the EAGLE head of `models.eagle_draft`) and the
+  target's top-K next-token log-probabilities at T = 1 (ids [K] and log-probs [K]). Full-vocabulary rows are never stored. Records come from teacher forcing: one forward
   of prompt + continuation per sequence, never from sampling again.
 - *token acceptance* at a sampling setting: ``sum_x min(p(x), q(x))`` where p, q are the target and draft
   next-token distributions after the same sampling transform (`decoding.sampling.transform_logits`); q is
@@ -36,7 +37,7 @@ class Continuations:
 class DistillRecords:
     """Distillation records of a `Continuations`, in sequence order, then position order."""
 
-    hidden: torch.Tensor  # [N, H] float16, hidden state after layer k
+    hidden: torch.Tensor  # [N, H] (or [N, 2H] for the EAGLE head) float16, the draft's input
     top_ids: torch.Tensor  # [N, K] int64, target's top-K next-token ids (T = 1)
     top_logp: torch.Tensor  # [N, K] float32, their log-probabilities
     record_seq: torch.Tensor  # [N] int64, index of the continuation each record belongs to
@@ -54,9 +55,11 @@ def distillation_records(
     top_k: int = 64,
     batch_size: int = 8,
     progress: str | None = None,
+    eagle: bool = False,
 ) -> DistillRecords:
     """Teacher forcing: records for every position that predicts a continuation token (the last prompt
     token through the second-to-last continuation token), ``len(continuation)`` records per sequence.
+    ``eagle``: the inputs of the EAGLE head (module docstring) instead of layer ``layer``'s hidden states.
 
     Sequences of similar length share a right-padded batch (under the causal mask no real position sees
     the padding, so no attention mask is needed); the LM head runs on the recorded positions only.
@@ -66,9 +69,10 @@ def distillation_records(
     device = next(target.parameters()).device
     head = target.get_output_embeddings()
     captured: list[torch.Tensor] = []
-    hook = target.model.layers[layer - 1].register_forward_hook(
+    hook = None if eagle else target.model.layers[layer - 1].register_forward_hook(
         lambda _m, _i, o: captured.append(o[0] if isinstance(o, tuple) else o)
     )
+    embed = target.get_input_embeddings()
     seqs = [i for i, c in enumerate(data.continuations) if c]
     seqs.sort(key=lambda i: len(data.prompts[i]) + len(data.continuations[i]))
     parts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -82,7 +86,11 @@ def distillation_records(
                 ids[r, : len(seq)] = torch.tensor(seq)
             captured.clear()
             final = target.model(input_ids=ids.to(device), use_cache=False).last_hidden_state  # [b, L, H]
-            hidden = captured[-1]  # [b, L, H] after layer k
+            if eagle:  # [h_{t-1}, e(x_t)], a zero feature before the first token
+                prev = torch.cat([torch.zeros_like(final[:, :1]), final[:, :-1]], dim=1)
+                hidden = torch.cat([prev, embed(ids.to(device))], dim=-1)  # [b, L, 2H]
+            else:
+                hidden = captured[-1]  # [b, L, H] after layer k
             for r, i in enumerate(idx):
                 lp, lc = len(data.prompts[i]), len(data.continuations[i])
                 span = slice(lp - 1, lp + lc - 1)
@@ -90,7 +98,8 @@ def distillation_records(
                 top_lp, top_id = logp.topk(top_k, dim=-1)  # [lc, K]
                 parts[i] = (hidden[r, span].to(torch.float16).cpu(), top_id.cpu(), top_lp.cpu())
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
     order = sorted(parts)
     if not order:
         raise ValueError("no continuation has a token: nothing to distill from")

@@ -7,7 +7,9 @@ A model is named by a *spec string* with a scheme:
 - ``hf:<folder or hub id>``           a local HF model folder, or a hub id already in the local cache;
 - ``gguf:<path/to/file.gguf>``        any GGUF file transformers can dequantize;
 - ``self_draft:<artifact folder>``    (draft only) the target's first layers plus a trained adapter,
-  see `models.self_draft`.
+  see `models.self_draft`;
+- ``eagle:<artifact folder>``         (draft only) a trained head on the target's last hidden state and the
+  sampled token, see `models.eagle_draft`.
 
 GGUF files are dequantized once and cached as safetensors under ``cache_dir`` so that later loads take
 seconds. The pair must share a tokenizer: token -> id maps are compared, and embedding padding (extra
@@ -97,9 +99,12 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+TRAINED_DRAFTS = ("self_draft", "eagle")  # draft kinds stage train_draft builds on top of a target
+
+
 def parse_spec(spec: str) -> tuple[str, str]:
     """Split ``scheme:rest``; a bare path or id means ``hf:``."""
-    schemes = ("embedded", "hf", "gguf", "self_draft")
+    schemes = ("embedded", "hf", "gguf", *TRAINED_DRAFTS)
     scheme, sep, rest = spec.partition(":")
     if not sep or scheme not in schemes:
         return "hf", spec
@@ -323,6 +328,10 @@ def load_draft(draft_spec: str, target: torch.nn.Module, tokenizer, target_spec:
         from models.self_draft import load_self_draft
 
         return load_self_draft(target, rest)
+    if scheme == "eagle":
+        from models.eagle_draft import load_eagle_draft
+
+        return load_eagle_draft(target, rest)
     cache_dir = Path(cache_dir)
     check_tokenizers_match(tokenizer, load_tokenizer(draft_spec, cache_dir), target_spec, draft_spec)
     return target if draft_spec == target_spec else load_model(draft_spec, device, dtype, cache_dir)

@@ -284,16 +284,29 @@ def save_self_draft(draft: SelfDraft, folder: str | Path, extra: dict | None = N
     return folder
 
 
-def read_artifact_config(folder: str | Path) -> SelfDraftConfig:
+def read_raw_config(folder: str | Path, version: int = FORMAT_VERSION) -> dict:
+    """A trained draft artifact's ``config.json`` (either kind), checked to exist with its weights and the format
+    ``version``."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise SelfDraftError(
-            f"no self-draft artifact at {folder}/ (needs {CONFIG_FILE} and {WEIGHTS_FILE}); build it with "
+            f"no draft artifact at {folder}/ (needs {CONFIG_FILE} and {WEIGHTS_FILE}); build it with "
             "`dvc repro train_draft` or `branchpoint train-draft`"
         )
-    raw = json.loads((folder / CONFIG_FILE).read_text())
-    if raw.get("format_version") != FORMAT_VERSION:
-        raise SelfDraftError(f"{folder}: artifact format {raw.get('format_version')} != {FORMAT_VERSION}; retrain it")
+    try:
+        raw = json.loads((folder / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise SelfDraftError(f"{folder / CONFIG_FILE} is not valid JSON ({e}); retrain the draft") from None
+    if raw.get("format_version") != version:
+        raise SelfDraftError(f"{folder}: artifact format {raw.get('format_version')} != {version}; retrain it")
+    return raw
+
+
+def read_artifact_config(folder: str | Path) -> SelfDraftConfig:
+    raw = read_raw_config(folder)
+    if raw.get("kind", "self_draft") != "self_draft":
+        raise SelfDraftError(f"{folder} holds a {raw['kind']} draft, not a self-draft; load it as "
+                             f"{raw['kind']}:{folder}")
     known = {f.name for f in fields(SelfDraftConfig)}
     return SelfDraftConfig(**{k: v for k, v in raw.items() if k in known})
 

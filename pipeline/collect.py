@@ -60,13 +60,13 @@ def prompt_part(prompt_id: str, count: int) -> int:
 
 
 def draft_digest(folder: str | Path) -> str:
-    """The identity of a self-draft artifact in a dataset's config hash: its weights and its config without
+    """The identity of a trained draft artifact (either kind) in a dataset's config hash: its weights and its config without
     ``extra`` (the training run's bookkeeping: seconds, record counts, MLflow run id), so a retrain to the same
     weights keeps the collected rows valid and other weights or another config do not."""
-    from models.self_draft import CONFIG_FILE, WEIGHTS_FILE, read_artifact_config
+    from models.self_draft import CONFIG_FILE, WEIGHTS_FILE, read_raw_config
 
     folder = Path(folder)
-    read_artifact_config(folder)  # a clear error when the folder is not an artifact
+    read_raw_config(folder)  # a clear error when the folder is not an artifact
     config = {k: v for k, v in json.loads((folder / CONFIG_FILE).read_text()).items() if k != "extra"}
     h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     h.update(bytes.fromhex(sha256_file(folder / WEIGHTS_FILE)))
@@ -92,10 +92,10 @@ def _header(cfg, pair, space) -> dict:
 
     from data_collection.dataset import FORMAT_VERSION, config_hash
     from decoding.features import FeatureSchema
-    from models.loading import parse_spec
+    from models.loading import TRAINED_DRAFTS, parse_spec
 
     scheme, rest = parse_spec(cfg.model.draft)
-    draft_id = draft_digest(rest) if scheme == "self_draft" else cfg.model.draft
+    draft_id = draft_digest(rest) if scheme in TRAINED_DRAFTS else cfg.model.draft
     c = cfg.collect
     config = {
         "format_version": FORMAT_VERSION,  # the row schema: a dataset of another version is never appended to

@@ -89,7 +89,7 @@ def check_inputs(cfg, args, draft_spec: str) -> None:
                                  "ONNX export: --selector artifacts/selector (written by `branchpoint export`)")
     for spec in (cfg.model.target, draft_spec):
         scheme, _, rest = spec.partition(":")
-        if scheme == "self_draft" and not Path(rest).is_dir():
+        if scheme in ("self_draft", "eagle") and not Path(rest).is_dir():
             raise UserInputError(f"draft {spec!r}: folder {rest} not found{here or ' (train it: branchpoint train-draft)'}")
         if scheme in ("hf", "gguf") and rest.startswith(("/", ".", "~")) and not Path(rest).expanduser().exists():
             raise UserInputError(f"model {spec!r}: {rest} not found (a local {'folder' if scheme == 'hf' else 'file'}"

@@ -41,7 +41,7 @@ def load_profiled_pair(cfg):
 
     m = cfg.model
     scheme, folder = parse_spec(m.draft)
-    if scheme != "self_draft" or Path(folder).exists():
+    if scheme not in ("self_draft", "eagle") or Path(folder).exists():
         pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.placement())
         return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
     from models.fast_path import prepare_for_inference
@@ -50,12 +50,20 @@ def load_profiled_pair(cfg):
     td = cfg.train_draft
     tokenizer = load_tokenizer(m.target, m.cache_dir)
     target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir, m.placement())
-    config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
-                             vocab_subset_size=td.vocab_subset_size,
-                             target_fingerprint=target_fingerprint(target))
-    draft = prepare_for_inference(SelfDraft(target, config).eval())
-    source = (f"untrained self-draft (train_draft config: layers {td.layers}, adapter_width {td.adapter_width}, "
-              f"vocab_subset_size {td.vocab_subset_size}); {folder} not built yet")
+    if scheme == "eagle":  # same shapes, same cost
+        from models.eagle_draft import EagleDraft, EagleDraftConfig, for_inference
+
+        draft = for_inference(EagleDraft(target, EagleDraftConfig(td.adapter_width, td.vocab_subset_size,
+                                                                  target_fingerprint=target_fingerprint(target))))
+        shape = f"adapter_width {td.adapter_width}"
+    else:
+        config = SelfDraftConfig(layers=td.layers, adapter_width=td.adapter_width,
+                                 vocab_subset_size=td.vocab_subset_size,
+                                 target_fingerprint=target_fingerprint(target))
+        draft = prepare_for_inference(SelfDraft(target, config).eval())
+        shape = f"layers {td.layers}, adapter_width {td.adapter_width}"
+    source = (f"untrained {scheme} (train_draft config: {shape}, vocab_subset_size {td.vocab_subset_size}); "
+              f"{folder} not built yet")
     return target, draft, common_vocab_size(target, draft, tokenizer), tokenizer, source
 
 

@@ -1,8 +1,11 @@
-"""``branchpoint train-draft``: stage train_draft, the self-speculative draft of the target.
+"""``branchpoint train-draft``: stage train_draft, the trained draft of the target.
 
 Reads: params ``model.*``, ``trajectories.out``, ``train_draft.*`` and the trajectories folder (stage
 trajectories). Writes: the artifact folder ``train_draft.out`` (adapter.safetensors + config.json; loaded
-as the draft spec ``self_draft:<out>``) and ``train_draft.metrics`` (metrics/draft.json). Steps:
+as the draft spec ``<kind>:<out>``) and ``train_draft.metrics`` (metrics/draft.json). The kind is the scheme of
+``model.draft``: ``self_draft`` (the target's first ``train_draft.layers`` layers plus an adapter,
+`models.self_draft`) or ``eagle`` (a head on the target's last hidden state and the sampled token,
+`models.eagle_draft`; ``train_draft.layers`` does not apply). Steps:
 
 1. teacher force the stored trajectories on ``model.threads`` cores (one forward per batch of sequences;
    nothing is sampled here):
@@ -12,14 +15,14 @@ as the draft spec ``self_draft:<out>``) and ``train_draft.metrics`` (metrics/dra
    draft on prompts it never trained on, as the selector's roots will see it; and it costs no extra
    sampling and keeps every draft prompt for training;
 2. rank the vocabulary subset, then distill the adapter with Lightning, logging to MLflow;
-3. save the artifact, reload it through `load_self_draft` (the path the decoder uses) and evaluate it on
+3. save the artifact, reload it through `models.loading.load_draft` (the path the decoder uses) and evaluate it on
    the TEST split's trajectories: token acceptance at each trajectory's own sampling setting, and the
    draft/target step time.
 
 ``--evaluate-only`` runs step 3 on the existing artifact (anyone can re-measure the metrics).
 
-A pair whose draft is not this stage's self-draft (``model.draft`` an ``hf:``, ``gguf:`` or ``embedded:`` model, or
-a ``self_draft:`` folder other than ``train_draft.out``) trains nothing: the stage measures that draft with step 3
+A pair whose draft is not this stage's (``model.draft`` an ``hf:``, ``gguf:`` or ``embedded:`` model, or
+a ``self_draft:`` / ``eagle:`` folder other than ``train_draft.out``) trains nothing: the stage measures that draft with step 3
 alone and writes, besides the metrics, only a marker ``measured.json`` into ``train_draft.out`` (the dvc out).
 The metrics file names the draft it describes (``draft``: its spec; ``kind``: ``distilled`` or ``measured``).
 """
@@ -59,6 +62,14 @@ def self_draft_config(td, vocab_subset_size: int, fingerprint: dict):
                            target_fingerprint=fingerprint)
 
 
+def draft_kind(cfg) -> str:
+    """The kind of draft this stage trains: the scheme of ``model.draft`` (`models.loading.TRAINED_DRAFTS`)."""
+    from models.loading import TRAINED_DRAFTS, parse_spec
+
+    scheme, _ = parse_spec(cfg.model.draft)
+    return scheme if scheme in TRAINED_DRAFTS else "self_draft"
+
+
 def load_split_trajectories(cfg, target) -> dict[str, list]:
     """The stored trajectories by split, checked to come from ``target``."""
     from data_collection.trajectories import check_target, load_trajectories, read_trajectory_manifest
@@ -93,8 +104,8 @@ def _threads(n: int):
         torch.set_num_threads(before)
 
 
-def _records(cfg, target, trajectories, split: str):
-    """Distillation records of ``trajectories`` (teacher-forced) as (hidden, top_ids, top_logp)."""
+def _records(cfg, target, trajectories, split: str, eagle: bool = False):
+    """Distillation records of ``trajectories`` (teacher-forced) as (draft input, top_ids, top_logp)."""
     from models.draft_data import distillation_records
 
     td = cfg.train_draft
@@ -102,7 +113,7 @@ def _records(cfg, target, trajectories, split: str):
         raise ValueError(f"the trajectories in {cfg.trajectories.out} hold no {split.upper()} prompts; "
                          "give that split a positive fraction in prompts.split and rerun `branchpoint trajectories`")
     rec = distillation_records(target, _continuations(trajectories), td.layers, td.top_k, td.forward_batch_size,
-                               progress=f"teacher forcing {split.upper()} trajectories")
+                               progress=f"teacher forcing {split.upper()} trajectories", eagle=eagle)
     return rec.hidden, rec.top_ids, rec.top_logp
 
 
@@ -113,16 +124,24 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
     from models.self_draft import SelfDraft, save_self_draft, target_fingerprint
 
     td = cfg.train_draft
+    eagle = draft_kind(cfg) == "eagle"
     start = time.perf_counter()
     with _threads(cfg.model.threads):  # forwards of the frozen target: every core helps
-        train_rec = _records(cfg, target, trajectories["draft"], "draft")
-        val_rec = _records(cfg, target, trajectories["val"], "val")
+        train_rec = _records(cfg, target, trajectories["draft"], "draft", eagle)
+        val_rec = _records(cfg, target, trajectories["val"], "val", eagle)
     records_seconds = time.perf_counter() - start
     vocab = target.get_output_embeddings().weight.shape[0]
     subset = rank_vocabulary(train_rec[1], train_rec[2], vocab, td.vocab_subset_size,
                              always=eos_ids(tokenizer, target))
-    draft = SelfDraft(target, self_draft_config(td, int(subset.numel()), target_fingerprint(target)),
-                      vocab_subset=subset)
+    if eagle:
+        from models.eagle_draft import EagleDraft, EagleDraftConfig
+
+        config = EagleDraftConfig(adapter_width=td.adapter_width, vocab_subset_size=int(subset.numel()),
+                                  target_fingerprint=target_fingerprint(target))
+        draft = EagleDraft(target, config, vocab_subset=subset)
+    else:
+        draft = SelfDraft(target, self_draft_config(td, int(subset.numel()), target_fingerprint(target)),
+                          vocab_subset=subset)
     from pipeline.tracking import lightning_logger
 
     logger = lightning_logger(cfg, "train_draft", "train_draft")  # the project's experiment, nested
@@ -213,7 +232,7 @@ def given_draft(cfg) -> str | None:
     from models.loading import parse_spec
 
     scheme, rest = parse_spec(cfg.model.draft)
-    if scheme == "self_draft" and Path(rest).resolve() == Path(cfg.train_draft.out).resolve():
+    if scheme == draft_kind(cfg) and Path(rest).resolve() == Path(cfg.train_draft.out).resolve():
         return None
     return cfg.model.draft
 
@@ -228,7 +247,7 @@ def _draft_for_metrics(cfg, args, target, tokenizer, device, dtype, trajectories
     """(the draft to measure, facts for the metrics file): the given draft as is, or the self-draft, distilled
     first unless ``--evaluate-only``."""
     from models.loading import load_draft
-    from models.self_draft import CONFIG_FILE, load_self_draft, read_artifact_config
+    from models.self_draft import CONFIG_FILE, read_raw_config
 
     td = cfg.train_draft
     spec = given_draft(cfg)
@@ -238,7 +257,7 @@ def _draft_for_metrics(cfg, args, target, tokenizer, device, dtype, trajectories
         print(f"model.draft is {spec}, not this stage's self-draft: measuring it, nothing trained")
         return draft, {"draft": spec, "kind": "measured"}
     if args.evaluate_only:
-        read_artifact_config(td.out)  # clear error when the artifact is missing
+        read_raw_config(td.out)  # clear error when the artifact is missing
         facts = json.loads((Path(td.out) / CONFIG_FILE).read_text()).get("extra", {})
     else:
         start = time.perf_counter()
@@ -246,7 +265,8 @@ def _draft_for_metrics(cfg, args, target, tokenizer, device, dtype, trajectories
         (Path(td.out) / MEASURED_FILE).unlink(missing_ok=True)
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
-    return load_self_draft(target, td.out), {"draft": cfg.model.draft, "kind": "distilled", **facts}
+    draft = load_draft(cfg.model.draft, target, tokenizer, cfg.model.target, device, dtype, cfg.model.cache_dir)
+    return draft, {"draft": cfg.model.draft, "kind": "distilled", **facts}
 
 
 def run(cfg, args) -> int:

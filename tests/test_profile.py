@@ -162,11 +162,11 @@ def tiny_params(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("draft", ["hf", "untrained"])
+@pytest.mark.parametrize("draft", ["hf", "self_draft", "eagle"])
 def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, capsys, one_thread):
     from pipeline.cli import main
 
-    extra = [] if draft == "hf" else ["--set", f"model.draft=self_draft:{tmp_path / 'not_built'}"]
+    extra = [] if draft == "hf" else ["--set", f"model.draft={draft}:{tmp_path / 'not_built'}"]
     assert main(["profile", "--params", str(tiny_params), "--no-progress", *extra]) == 0
     m = LatencyModel.load(tmp_path / "latency.json")
     assert m.contexts.tolist() == [4, 12] and m.target_tokens.tolist() == [1, 2, 4]
@@ -183,8 +183,8 @@ def test_profile_stage_writes_the_latency_model(tiny_params, tmp_path, draft, ca
     assert set(m.verify_seconds["traversal"]) == set(m.verify_seconds["gbv"]) == trees
     assert set(m.verify_seconds["naive"]) == {str(a) for a in space if a.tree_size and a.is_chain} != trees
     assert np.all(np.isfinite(pricing.verify_offset(m, "gbv", space)))
-    if draft == "untrained":  # the self-draft is not built yet: an untrained one of the configured shape
-        assert m.meta["draft_timed"].startswith("untrained self-draft") and "not_built" in m.meta["draft"]
+    if draft != "hf":  # the trained draft is not built yet: an untrained one of the configured kind and shape
+        assert m.meta["draft_timed"].startswith(f"untrained {draft}") and "not_built" in m.meta["draft"]
     else:
         assert m.meta["draft_timed"] == m.meta["draft"]
     assert "profile written to" in capsys.readouterr().out

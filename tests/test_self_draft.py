@@ -136,7 +136,7 @@ def test_save_load_round_trip_and_errors(target, tmp_path):
     assert torch.allclose(got[..., SUBSET], want[..., SUBSET], atol=1e-5)
     with pytest.raises(SelfDraftError, match="different target"):
         load_self_draft(tiny_lm(4, seed=7, hidden=48), folder)
-    with pytest.raises(SelfDraftError, match="no self-draft artifact"):
+    with pytest.raises(SelfDraftError, match="no draft artifact"):
         load_self_draft(target, tmp_path / "missing")
     with pytest.raises(SelfDraftError, match="between 1 and"):
         SelfDraft(target, config(layers=5))
@@ -157,7 +157,7 @@ def test_collect_digest_is_weights_and_config_not_bookkeeping(target, tmp_path):
     other = make_draft(target)
     other.config_draft.adapter_width += 1  # the config alone differs (same weights file)
     assert draft_digest(save_self_draft(other, tmp_path / "d")) != a
-    with pytest.raises(SelfDraftError, match="no self-draft artifact"):
+    with pytest.raises(SelfDraftError, match="no draft artifact"):
         draft_digest(tmp_path / "missing")
 
 

@@ -59,6 +59,9 @@ class DecodeState:
     h_p_prev: np.ndarray | None = None  # [H_p]
     q_prev: np.ndarray | None = None  # [V] draft row at the token before the root, when pending == [root]
     h_q_prev: np.ndarray | None = None  # [H_q]
+    f_prev: torch.Tensor | None = None  # [2, H] the target's features two tokens and one token before the root
+    f_root: torch.Tensor | None = None  # [H] a feature draft's own feature at the root, after its root step
+    drafts: bool = False  # the draft model takes part in this decode
 
     @property
     def root(self) -> int:
@@ -118,6 +121,8 @@ class SpeculativeDecoder:
             vocab_size = target.get_output_embeddings().weight.shape[0]
         self.vocab_size = int(vocab_size)
         self.eos = {int(t) for t in eos_token_ids}
+        # a feature draft (`models.eagle_draft`) keeps no cache: it reads the target's feature before the root
+        self.feature_draft = bool(getattr(draft, "reads_target_hidden", False))
 
     def _rows(self, logits: torch.Tensor, sampling: Sampling) -> np.ndarray:
         return prob_rows(logits, sampling, self.vocab_size)
@@ -128,12 +133,19 @@ class SpeculativeDecoder:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise UserInputError("generate: the prompt must contain at least one token")
-        kv_d = KVState(self.draft) if use_draft and self.draft is not None else None
-        state = DecodeState(prompt, KVState(self.target), kv_d, list(prompt) if kv_d is not None else [])
+        drafts = use_draft and self.draft is not None
+        kv_d = KVState(self.draft) if drafts and not self.feature_draft else None
+        state = DecodeState(prompt, KVState(self.target), kv_d, list(prompt) if kv_d is not None else [],
+                            drafts=drafts)
         n = len(prompt) - 1
+        features = hidden or (drafts and self.feature_draft)
+        if drafts and self.feature_draft:  # zero features before the first token
+            state.f_prev = torch.zeros(2, self.target.config.hidden_size, device=state.kv_t.device)
         if n:
-            logits, h = forward_nodes(state.kv_t, prompt[:-1], list(range(n)), causal_allowed(0, n), hidden, last=1)
+            logits, h = forward_nodes(state.kv_t, prompt[:-1], list(range(n)), causal_allowed(0, n), features, last=2)
             state.p_prev, state.h_p_prev = self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
+            if drafts and self.feature_draft:
+                state.f_prev[2 - h.shape[0]:] = h
         return state
 
     def draft_root(self, state: DecodeState, sampling: Sampling, hidden: bool, prev: bool = True
@@ -143,8 +155,19 @@ class SpeculativeDecoder:
         no features will read them this step, so that row stays on the device (they are cleared instead; the step's
         pruning or the next root step sets them again)."""
         kv, pending = state.kv_d, state.pending
-        if kv is None:
+        if not state.drafts:
             raise UserInputError("this step drafts a tree but the decoder has no draft model")
+        if kv is None:  # a feature draft: its step on the target's feature before the root (and, for the features,
+            # on the one before that: its row at the token before the root, as collection computes it)
+            context = state.prompt + state.out
+            if prev and len(context) >= 2:
+                logits, f = self.draft.step(state.f_prev, torch.tensor(context[-2:]))
+                state.q_prev, state.h_q_prev = self._rows(logits[0], sampling), hidden_numpy(f[0] if hidden else None)
+            else:
+                logits, f = self.draft.step(state.f_prev[1:], torch.tensor([state.root]))
+                state.q_prev = state.h_q_prev = None
+            state.f_root = f[-1]
+            return self._rows(logits[-1], sampling), hidden_numpy(f[-1] if hidden else None)
         start = len(kv)
         logits, h = forward_nodes(kv, pending, list(range(start, start + len(pending))),
                                   causal_allowed(start, len(pending)), hidden, last=2)
@@ -194,7 +217,8 @@ class SpeculativeDecoder:
             check_supported(verifier, action)
             if root_step[0] is None:  # no features this step: the row before the root is not needed
                 *root_step, prefill = self._draft_root_timed(state, run, prev=False)
-            root, rule = DraftRoot(state.kv_d, *root_step), DraftRule(sampling, self.vocab_size, hidden)
+            root = DraftRoot(state.kv_d, *root_step, draft=self.draft, feature=state.f_root)
+            rule = DraftRule(sampling, self.vocab_size, hidden)
             if choice.stop_below is None:
                 drafted = draft_tree(root, action, rule, rng)
             else:
@@ -205,7 +229,8 @@ class SpeculativeDecoder:
             tree = build_tree(AR_ACTION, np.array([-1]), np.zeros((1, 1)))
         # 3. target pass
         ctx_t = len(state.kv_t)
-        logits, h_t = target_tree_pass(state.kv_t, state.root, tree, hidden)
+        features = hidden or (state.drafts and self.feature_draft)
+        logits, h_t = target_tree_pass(state.kv_t, state.root, tree, features)
         p_rows = self._rows(logits, sampling)  # [n, V]
         stats.time_target += clock.lap()
         # 4. verify
@@ -218,6 +243,9 @@ class SpeculativeDecoder:
         # 5. prune both caches to the accepted path; keep the rows before the new root
         last = _prune(state, ctx_t, _Verified(tree, drafted, accepted, int(emitted), tuple(root_step)), hidden)
         state.p_prev, state.h_p_prev = p_rows[last], hidden_numpy(h_t[last] if hidden else None)
+        if state.drafts and self.feature_draft:
+            path = [0] + accepted
+            state.f_prev = torch.stack([h_t[path[-2]] if len(path) >= 2 else state.f_prev[1], h_t[last]])
         new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
         lookup = choice.proposal is not None
         method = verifier.name if verifier is not None and action.tree_size else None
@@ -239,7 +267,7 @@ class SpeculativeDecoder:
             return Choice(policy.fixed_action), verifier, None, (None, None), 0.0
         q_root = h_q_root = None
         prefill = 0.0
-        if policy.needs_draft and state.kv_d is not None:
+        if policy.needs_draft and state.drafts:
             q_root, h_q_root, prefill = self._draft_root_timed(state, run)
         features = self._features(state, run.sampling, q_root, h_q_root, run.hidden)
         choice = _as_choice(policy, policy.select(features))

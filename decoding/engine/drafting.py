@@ -12,6 +12,9 @@ for the union tree of a whole action space); drafting is level by level:
 The q rows of all fed nodes are kept for verification; with ``hidden=True`` also their last-layer
 hidden states (the selector's ``h_q_prev`` when such a node ends the accepted path). The cache slot of
 each fed node is recorded so the cache can be pruned to the accepted path afterwards.
+
+A draft that reads the target's features instead of keeping a cache (`models.eagle_draft`, ``DraftRoot.kv`` None)
+is fed the same nodes, each with its parent's feature (the root's from the draft's root step): no mask, no slots.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..actions import Action
 from ..sampling import Sampling, draw
@@ -31,11 +35,62 @@ from .tree_pass import forward_nodes, hidden_numpy
 @dataclass
 class DraftRoot:
     """Where drafting starts: the draft cache, which ends at the root (its last slot); ``q_root`` ``[V]``, q(.|root)
-    after the sampling transform; ``h_root``, the root's hidden state (kept as ``hidden[0]`` when asked for)."""
+    after the sampling transform; ``h_root``, the root's hidden state (kept as ``hidden[0]`` when asked for).
+    A feature draft has no cache (``kv`` None): ``draft`` is the module and ``feature`` the root's ``[H]``."""
 
-    kv: KVState
+    kv: KVState | None
     q_root: np.ndarray
     h_root: np.ndarray | None = None
+    draft: torch.nn.Module | None = None
+    feature: torch.Tensor | None = None
+
+
+class _CacheFeed:
+    """Feeds drafted nodes to a cached draft: one forward per call on the draft's KV cache, each node attending to the
+    context, its ancestors and itself (tree mask); records every fed node's cache slot."""
+
+    def __init__(self, root: DraftRoot) -> None:
+        self.kv = root.kv
+        self.root_slot = len(self.kv) - 1
+        self.root_pos = self.kv.positions[self.root_slot]
+        self.slots = {0: self.root_slot}
+
+    def __call__(self, fed: np.ndarray, parents: np.ndarray, tokens: np.ndarray, depth: int, hidden: bool):
+        kv, f = self.kv, fed.shape[0]
+        num_cached = len(kv)
+        allowed = np.zeros((f, num_cached + f), dtype=bool)
+        allowed[:, :self.root_slot] = True  # the accepted context
+        for r, node in enumerate(fed):
+            a = int(parents[node])
+            while a >= 0:  # ancestors (root included) are already in the cache
+                allowed[r, self.slots[a]] = True
+                a = int(parents[a])
+            allowed[r, num_cached + r] = True
+            self.slots[int(node)] = num_cached + r
+        return forward_nodes(kv, tokens[fed], [self.root_pos + depth] * f, allowed, output_hidden_states=hidden)
+
+
+class _FeatureFeed:
+    """Feeds drafted nodes to a feature draft (`models.eagle_draft.EagleDraft.step`): each node with its parent's
+    feature; ``slots`` numbers the fed nodes (there is no cache to prune)."""
+
+    def __init__(self, root: DraftRoot) -> None:
+        self.draft = root.draft
+        self.features = {0: root.feature}
+        self.slots = {0: 0}
+
+    def __call__(self, fed: np.ndarray, parents: np.ndarray, tokens: np.ndarray, depth: int, hidden: bool):
+        h_prev = torch.stack([self.features[int(parents[node])] for node in fed])  # [f, H]
+        ids = torch.as_tensor(tokens[fed], dtype=torch.long)
+        logits, feats = self.draft.step(h_prev, ids)
+        for r, node in enumerate(fed):
+            self.features[int(node)] = feats[r]
+            self.slots[int(node)] = len(self.slots)
+        return logits, (feats if hidden else None)
+
+
+def _feed(root: DraftRoot):
+    return _CacheFeed(root) if root.kv is not None else _FeatureFeed(root)
 
 
 @dataclass(frozen=True)
@@ -73,17 +128,15 @@ def draft_layout(root: DraftRoot, parents: np.ndarray, depths: np.ndarray, rule:
                  rng: np.random.Generator) -> DraftedLayout:
     """Draft the layout ``parents`` / ``depths`` ``[n]`` below ``root`` (the cache's slots before the root are the
     context)."""
-    kv, sampling, vocab_size, hidden = root.kv, rule.sampling, rule.vocab_size, rule.hidden
-    root_slot = len(kv) - 1
+    sampling, vocab_size, hidden = rule.sampling, rule.vocab_size, rule.hidden
+    feed = _feed(root)
     n = parents.shape[0]
     has_child = np.zeros(n, dtype=bool)
     has_child[parents[1:]] = True
     tokens = np.full(n, -1, dtype=np.int64)
     q_rows = np.zeros((n, vocab_size), dtype=np.float64)  # [n, V]
     q_rows[0] = root.q_root
-    node_slots = {0: root_slot}
     hid: dict[int, np.ndarray] | None = {0: root.h_root} if hidden else None
-    root_pos = kv.positions[root_slot]
     forwards = 0
     for d in range(1, int(depths.max(initial=0)) + 1):
         nodes = np.flatnonzero(depths == d)  # [m] nodes at depth d, in node order
@@ -91,22 +144,13 @@ def draft_layout(root: DraftRoot, parents: np.ndarray, depths: np.ndarray, rule:
         fed = nodes[has_child[nodes]]  # [f] nodes whose children are drawn next
         if fed.shape[0] == 0:
             continue
-        num_cached, f = len(kv), fed.shape[0]
-        allowed = np.zeros((f, num_cached + f), dtype=bool)
-        allowed[:, :root_slot] = True  # the accepted context
-        for r, node in enumerate(fed):
-            a = int(parents[node])
-            while a >= 0:  # ancestors (root included) are already in the cache
-                allowed[r, node_slots[a]] = True
-                a = int(parents[a])
-            allowed[r, num_cached + r] = True
-            node_slots[int(node)] = num_cached + r
-        logits, h = forward_nodes(kv, tokens[fed], [root_pos + d] * f, allowed, output_hidden_states=hidden)
+        logits, h = feed(fed, parents, tokens, d, hidden)
         forwards += 1
         q_rows[fed] = prob_rows(logits, sampling, vocab_size)
         if hidden:
             h_np = hidden_numpy(h)  # [f, H]
             hid.update({int(node): h_np[r] for r, node in enumerate(fed)})
+    node_slots = feed.slots
     return DraftedLayout(tokens, q_rows, node_slots, hid, forwards)
 
 
@@ -133,23 +177,21 @@ def draft_stop_chain(root: DraftRoot, max_length: int, stop_below: float, rule: 
     """Draft a chain below the root token by token: draw x_i from q_{i-1} and stop after it when ``max q_{i-1} <
     stop_below`` or ``i = max_length`` (`decoding.threshold_chain`'s rule); a token is fed to the draft only when the
     chain continues. The tree's action is the realized chain ``(1, n, 0)``."""
-    kv, sampling, vocab_size, hidden = root.kv, rule.sampling, rule.vocab_size, rule.hidden
-    root_slot = len(kv) - 1
+    sampling, vocab_size, hidden = rule.sampling, rule.vocab_size, rule.hidden
+    feed = _feed(root)
     tokens, rows = [-1], [np.asarray(root.q_root, dtype=np.float64)]
-    node_slots = {0: root_slot}
     hid = {0: root.h_root} if hidden else None
-    root_pos = kv.positions[root_slot]
+    parents = np.arange(-1, max_length)  # a chain: node i's parent is i - 1
     while True:
         i = len(tokens)  # the node drawn now, from rows[i - 1]
         tokens.append(int(draw(rows[i - 1][None], rng, 1)[0, 0]))
         if i >= max_length or float(np.max(rows[i - 1])) < stop_below:
             break
-        node_slots[i] = len(kv)
-        logits, h = forward_nodes(kv, [tokens[i]], [root_pos + i], np.ones((1, len(kv) + 1), dtype=bool),
-                                  output_hidden_states=hidden)
+        logits, h = feed(np.array([i]), parents, np.asarray(tokens), i, hidden)
         rows.append(prob_rows(logits, sampling, vocab_size)[0])
         if hidden:
             hid[i] = hidden_numpy(h)[0]
+    node_slots = feed.slots
     n = len(tokens) - 1
     q_rows = np.zeros((n + 1, vocab_size))
     q_rows[: len(rows)] = np.stack(rows)

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 class ModelConfig:
     # Target LM spec: embedded:<name> | hf:<folder or cached hub id> | gguf:<file.gguf>
     target: str = "embedded:smollm2-135m-instruct"
-    # Draft LM spec: as for target, or self_draft:<artifact folder> (target's first layers + adapter)
-    draft: str = "self_draft:artifacts/draft"
+    # Draft LM spec: as for target, or a draft stage train_draft trains: eagle:<artifact folder> (a head on the
+    # target's last hidden state and the sampled token, models/eagle_draft.py; docs/draft.md) or
+    # self_draft:<artifact folder> (the target's first layers + an adapter, models/self_draft.py)
+    draft: str = "eagle:artifacts/draft"
     device: str = "auto"  # auto = CUDA when present (under torchrun: cuda:$LOCAL_RANK), else CPU
     # null = the whole target on `device`; auto (balanced, sequential, ...) = accelerate spreads a target
     # too large for one GPU over every visible GPU, then CPU memory

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 @dataclass
 class TrainDraftConfig:
-    """Self-speculative draft training (stage train_draft): the one place its defaults live.
+    """Draft training (stage train_draft; the kind is model.draft's scheme): the one place its defaults live.
 
-    models/self_draft.py SelfDraftConfig and models/draft_training.py DistillHParams have no defaults;
-    pipeline/train_draft.py builds them from these fields (same names).
+    models/self_draft.py SelfDraftConfig, models/eagle_draft.py EagleDraftConfig and models/draft_training.py
+    DistillHParams have no defaults; pipeline/train_draft.py builds them from these fields (same names).
     """
 
-    layers: int = 6  # target layers the draft reuses (k)
-    adapter_width: int = 2048  # hidden width of the residual MLP adapter on layer k's hidden state
+    layers: int = 6  # self_draft only: target layers the draft reuses (k)
+    adapter_width: int = 2048  # hidden width of the residual MLP adapter (on layer k's state, or after EAGLE's fc)
     vocab_subset_size: int = 16384  # FR-Spec draft vocabulary (0 = whole vocabulary); q = 0 outside it
     # distillation data: teacher forcing the DRAFT split's trajectories (stage trajectories)
     top_k: int = 64  # target probabilities kept per position (never full-vocabulary rows)
