@@ -6,9 +6,9 @@ is timed per method) and ``train_draft.{layers, adapter_width, vocab_subset_size
 (artifacts/latency.json): the `decoding.latency.LatencyModel` tables, the feature cost, and the machine,
 versions and settings they were measured with. Every later stage loads it with ``LatencyModel.load``.
 
-The profile does not need the trained draft: when ``model.draft`` is ``self_draft:<folder>`` and the
-folder does not exist yet, an untrained `SelfDraft` built from the ``train_draft`` config (same layers,
-adapter width, vocabulary subset size), prepacked like a loaded one, is timed instead. Its step time does not depend on the
+The profile does not need the trained draft: when ``model.draft`` is ``self_draft:<folder>`` or ``eagle:<folder>``
+and the folder holds no artifact of that kind yet, an untrained draft of that kind built from the ``train_draft``
+config (same layers, adapter width, vocabulary subset size), packed like a loaded one, is timed instead. Its step time does not depend on the
 weights (same shapes, same kernels), so the profile can run before, and independently of, train_draft.
 """
 
@@ -41,7 +41,7 @@ def load_profiled_pair(cfg):
 
     m = cfg.model
     scheme, folder = parse_spec(m.draft)
-    if scheme not in ("self_draft", "eagle") or Path(folder).exists():
+    if scheme not in ("self_draft", "eagle") or _artifact_kind(folder) == scheme:
         pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.placement())
         return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
     from models.fast_path import prepare_for_inference
@@ -65,6 +65,19 @@ def load_profiled_pair(cfg):
     source = (f"untrained {scheme} (train_draft config: {shape}, vocab_subset_size {td.vocab_subset_size}); "
               f"{folder} not built yet")
     return target, draft, common_vocab_size(target, draft, tokenizer), tokenizer, source
+
+
+def _artifact_kind(folder: str) -> str | None:
+    """The kind of the trained draft artifact in ``folder`` (None when there is none: not built yet, or a marker)."""
+    import json
+
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("kind", "self_draft")
+    except json.JSONDecodeError:
+        return None
 
 
 POOL_POSITIONS = 32  # positions whose draft / target rows build the timed verification trees
