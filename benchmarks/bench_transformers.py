@@ -168,7 +168,9 @@ def run_units(pair, policies: Policies, units, args) -> list[dict]:
 
 def summarize(rows: list[dict], args) -> dict:
     """``policies[name].tokens_per_second`` (and per temperature) and ``selector_vs_best_builtin``, with intervals."""
-    from evaluation.paired_stats import rate_ci, ratio_ci
+    from evaluation.paired_stats import Bootstrap, rate_ci, ratio_ci
+
+    boot = Bootstrap(n_boot=args.bootstrap, seed=args.seed)
 
     def arrays(name, temperature=None):
         sel = sorted((r for r in rows if r["policy"] == name and temperature in (None, r["temperature"])),
@@ -179,19 +181,19 @@ def summarize(rows: list[dict], args) -> dict:
     policies = {}
     for name in (*BUILTIN, *OURS):
         tok, sec, groups = arrays(name)
-        policies[name] = {"tokens_per_second": rate_ci(tok, sec, groups, n_boot=args.bootstrap, seed=args.seed),
-                          "by_temperature": {str(t): rate_ci(*arrays(name, t), n_boot=args.bootstrap, seed=args.seed)
+        policies[name] = {"tokens_per_second": rate_ci(tok, sec, groups, boot),
+                          "by_temperature": {str(t): rate_ci(*arrays(name, t), boot)
                                              for t in args.temperatures}}
     rate = {k: v["tokens_per_second"]["value"] for k, v in policies.items()}
     best_builtin = max(BUILTIN, key=rate.get)
     best_ours = max(OURS, key=rate.get)
     ta, sa, groups = arrays(best_ours)
     tb, sb, _ = arrays(best_builtin)
-    ratio = ratio_ci((ta, sa), (tb, sb), groups, n_boot=args.bootstrap, seed=args.seed)
+    ratio = ratio_ci((ta, sa), (tb, sb), groups, boot)
     per_t = {}
     for t in args.temperatures:
         (ta_t, sa_t, g_t), (tb_t, sb_t, _) = arrays(best_ours, t), arrays(best_builtin, t)
-        per_t[str(t)] = ratio_ci((ta_t, sa_t), (tb_t, sb_t), g_t, n_boot=args.bootstrap, seed=args.seed)
+        per_t[str(t)] = ratio_ci((ta_t, sa_t), (tb_t, sb_t), g_t, boot)
     return {"policies": policies,
             "selector_vs_best_builtin": {**ratio, "selector_policy": best_ours, "best_builtin": best_builtin,
                                          "by_temperature": per_t, "goal": GOAL, "met": ratio["value"] >= GOAL}}

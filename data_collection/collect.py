@@ -91,17 +91,26 @@ def forest_layout(space: ActionSpace, copies: int) -> tuple[np.ndarray, np.ndarr
     return np.concatenate(f_par).astype(np.int64), np.concatenate(f_dep).astype(np.int64), m
 
 
+@dataclass(frozen=True)
+class UnionTrees:
+    """How many union trees a root's labels average (the standard error falls as 1/sqrt) and the seed of their
+    draws."""
+
+    num_trees: int = 4
+    seed: int = 0
+
+
 class RootCollector:
     """Collects features and labels along trajectories for one draft/target pair (see module docstring)."""
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, vocab_size: int, space: ActionSpace,
-                 methods: list[str], num_trees: int = 4, seed: int = 0) -> None:
-        if num_trees < 1:
-            raise ValueError(f"num_trees must be >= 1, got {num_trees}")
+                 methods: list[str], trees: UnionTrees = UnionTrees()) -> None:
+        if trees.num_trees < 1:
+            raise ValueError(f"num_trees must be >= 1, got {trees.num_trees}")
         self.target, self.draft = target, draft
         self.vocab_size = int(vocab_size)
         self.space, self.methods = space, list(methods)
-        self.num_trees, self.seed = int(num_trees), int(seed)
+        self.num_trees, self.seed = int(trees.num_trees), int(trees.seed)
         self.parents, self.depths, self.union_nodes = forest_layout(space, self.num_trees)
         self.children = children_lists(self.parents)
 
@@ -112,7 +121,8 @@ class RootCollector:
         with ``rows`` both only at those positions (the head skips the rest: a prefill of a few hundred tokens
         needs the rows of its few roots)."""
         kv = KVState(model)
-        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True, rows=rows)
+        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True,
+                                       keep=0 if rows is None else rows)
         return kv, logits, hidden
 
     @torch.inference_mode()

@@ -171,10 +171,11 @@ def _expand(spec: Any) -> list[Any]:
 def _load_source(spec: str | dict, max_prompts: int | None) -> dict[str, list[str]]:
     if isinstance(spec, str):
         if spec == "humaneval":
-            return _from_file(_humaneval_path(), "json", "humaneval", "prompt", "task_id", max_prompts, False)
+            table = _read_table(_humaneval_path(), "json", "humaneval")
+            return _rows(table, "humaneval", "prompt", "task_id", max_prompts, False)
         if spec in BUILTIN_SETS:
             path = Path(str(importlib.resources.files("data_collection") / "prompt_sets" / f"{spec}.jsonl"))
-            return _from_file(path, "json", spec, "text", "id", max_prompts, False)
+            return _rows(_read_table(path, "json", spec), spec, "text", "id", max_prompts, False)
         raise PromptSetError(f"unknown prompt set {spec!r}; known sets: {', '.join(KNOWN_SETS)}")
     limit = spec.get("max_prompts", max_prompts)
     if "path" in spec:
@@ -182,7 +183,8 @@ def _load_source(spec: str | dict, max_prompts: int | None) -> dict[str, list[st
         path = Path(spec["path"]).expanduser()
         source = spec.get("name") or path.name.split(".")[0]
         fmt = spec.get("format") or _local_format(path)
-        return _from_file(path, fmt, source, spec.get("text_column", "text"), spec.get("id_column"), limit)
+        table = _read_table(path, fmt, source)
+        return _rows(table, source, spec.get("text_column", "text"), spec.get("id_column"), limit, True)
     if "hf" in spec:
         _check_keys(spec, HF_KEYS, "hub dataset")
         table = _load_hub(spec)
@@ -191,15 +193,8 @@ def _load_source(spec: str | dict, max_prompts: int | None) -> dict[str, list[st
     raise PromptSetError(f"prompt source dict needs a 'path' or an 'hf' key, got keys {sorted(spec)}")
 
 
-def _from_file(
-    path: Path,
-    fmt: str,
-    source: str,
-    text_column: str,
-    id_column: str | None,
-    limit: int | None,
-    prefix_ids: bool = True,
-) -> dict[str, list[str]]:
+def _read_table(path: Path, fmt: str, source: str) -> datasets.Dataset:
+    """A local prompt file of ``source`` as a table, every failure one clear `PromptSetError`."""
     if not path.is_file():
         raise PromptSetError(f"prompt file for source {source!r} not found: {path}")
     if path.stat().st_size == 0:
@@ -208,7 +203,7 @@ def _from_file(
         table = datasets.load_dataset(fmt, data_files=str(path), split="train")
     except Exception as err:  # any parse failure becomes one clear line
         raise PromptSetError(f"cannot read prompt file {path} as {fmt}: {type(err).__name__}: {err}") from err
-    return _rows(table, source, text_column, id_column, limit, prefix_ids)
+    return table
 
 
 def _load_hub(spec: dict) -> datasets.Dataset:

@@ -26,11 +26,12 @@ from decoding.verifiers import METHODS, get_method
 
 
 def measure_verify_seconds(actions: Sequence[Action], q_pool: np.ndarray, p_pool: np.ndarray,
-                           methods: Sequence[str] = tuple(METHODS), repeats: int = 5, seed: int = 0,
+                           methods: Sequence[str] = tuple(METHODS), repeats: int = 5,
                            progress: str | None = None) -> dict[str, dict[str, float]]:
     """``{method: {"K,L1,L2": mean seconds}}`` over the trees of ``actions`` (empty trees skipped) that each
     method supports (module docstring). ``q_pool``, ``p_pool``: ``[P, V]`` probability rows at the same P
-    positions. ``progress``: the label of a progress bar (None: no bar)."""
+    positions; the trees' tokens and rows are drawn from them with a fixed seed. ``progress``: the label of a
+    progress bar (None: no bar)."""
     from tqdm.auto import tqdm
 
     q_pool, p_pool = np.asarray(q_pool, dtype=np.float64), np.asarray(p_pool, dtype=np.float64)
@@ -39,7 +40,7 @@ def measure_verify_seconds(actions: Sequence[Action], q_pool: np.ndarray, p_pool
                          f"{q_pool.shape} and {p_pool.shape}")
     if repeats < 1:
         raise ValueError(f"measure_verify_seconds: repeats must be >= 1, got {repeats}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     shapes = [a for a in actions if a.tree_size]
     out: dict[str, dict[str, float]] = {m: {} for m in methods}
     bar = tqdm(total=len(shapes) * len(methods), desc=progress, unit="tree", disable=progress is None, mininterval=1.0)

@@ -10,13 +10,24 @@ Terms:
 - a *ratio* of two policies: rate of A / rate of B over the same units.
 
 Intervals are percentile bootstraps that resample PROMPTS with replacement (a prompt's seeds move
-together: they share its text, so they are not independent), ``n_boot`` draws, seeded.
+together: they share its text, so they are not independent): `Bootstrap` says how (level, draws, seed).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A percentile bootstrap: the interval's level ``ci``, ``n_boot`` resamples, drawn with ``seed``."""
+
+    ci: float = 0.95
+    n_boot: int = 2000
+    seed: int = 0
 
 
 def _group_weights(groups: np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,29 +51,29 @@ def _interval(point: float, boot: np.ndarray, ci: float) -> dict:
     return {"value": float(point), "low": float(lo), "high": float(hi)}
 
 
-def rate_ci(num, den, groups, ci: float = 0.95, n_boot: int = 2000, seed: int = 0) -> dict:
+def rate_ci(num, den, groups, boot: Bootstrap = Bootstrap()) -> dict:
     """``sum num / sum den`` over units with a bootstrap interval over ``groups`` (``[U]`` each)."""
     num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
-    idx, w = _group_weights(np.asarray(groups), n_boot, seed)
+    idx, w = _group_weights(np.asarray(groups), boot.n_boot, boot.seed)
     g = w.shape[1]
     n, d = _sums(num, idx, g), _sums(den, idx, g)
     with np.errstate(invalid="ignore", divide="ignore"):
-        boot = (w @ n) / (w @ d)
-    return _interval(num.sum() / den.sum(), boot, ci)
+        draws = (w @ n) / (w @ d)
+    return _interval(num.sum() / den.sum(), draws, boot.ci)
 
 
-def ratio_ci(a: tuple, b: tuple, groups, ci: float = 0.95, n_boot: int = 2000, seed: int = 0) -> dict:
+def ratio_ci(a: tuple, b: tuple, groups, boot: Bootstrap = Bootstrap()) -> dict:
     """Paired ratio ``(sum num_a / sum den_a) / (sum num_b / sum den_b)`` of ``a = (num_a, den_a)`` and
     ``b = (num_b, den_b)``: the four arrays are aligned on the same units (``[U]``), resampled together by
     ``groups``."""
     arrays = [np.asarray(x, np.float64) for x in (*a, *b)]
-    idx, w = _group_weights(np.asarray(groups), n_boot, seed)
+    idx, w = _group_weights(np.asarray(groups), boot.n_boot, boot.seed)
     g = w.shape[1]
     na, da, nb, db = (w @ _sums(x, idx, g) for x in arrays)
     with np.errstate(invalid="ignore", divide="ignore"):
-        boot = (na / da) / (nb / db)
+        draws = (na / da) / (nb / db)
     a, b = arrays[0].sum() / arrays[1].sum(), arrays[2].sum() / arrays[3].sum()
-    return _interval(a / b, boot, ci)
+    return _interval(a / b, draws, boot.ci)
 
 
 def paired(runs: pd.DataFrame, a: str, b: str, keys=("prompt_id", "seed")) -> pd.DataFrame:
@@ -72,8 +83,7 @@ def paired(runs: pd.DataFrame, a: str, b: str, keys=("prompt_id", "seed")) -> pd
     return left.join(right, how="inner", lsuffix="_a", rsuffix="_b").reset_index()
 
 
-def policy_table(runs: pd.DataFrame, references: dict[str, str], ci: float = 0.95, n_boot: int = 2000,
-                 seed: int = 0) -> dict[str, dict]:
+def policy_table(runs: pd.DataFrame, references: dict[str, str], boot: Bootstrap = Bootstrap()) -> dict[str, dict]:
     """Per policy: tokens/s and block efficiency with intervals, and the paired ratio of tokens/s (and of block
     efficiency) to each reference policy (``references``: label -> policy name; absent ones are skipped).
 
@@ -81,8 +91,8 @@ def policy_table(runs: pd.DataFrame, references: dict[str, str], ci: float = 0.9
     out: dict[str, dict] = {}
     for policy, rows in runs.groupby("policy", sort=False):
         entry = {"units": int(len(rows)), "prompts": int(rows["prompt_id"].nunique()),
-                 "tokens_per_second": rate_ci(rows["tokens"], rows["seconds"], rows["prompt_id"], ci, n_boot, seed),
-                 "block_efficiency": rate_ci(rows["emitted"], rows["steps"], rows["prompt_id"], ci, n_boot, seed)}
+                 "tokens_per_second": rate_ci(rows["tokens"], rows["seconds"], rows["prompt_id"], boot),
+                 "block_efficiency": rate_ci(rows["emitted"], rows["steps"], rows["prompt_id"], boot)}
         for label, ref in references.items():
             if ref not in set(runs["policy"]):
                 continue
@@ -90,16 +100,15 @@ def policy_table(runs: pd.DataFrame, references: dict[str, str], ci: float = 0.9
             if not len(j):
                 continue
             entry[f"tps_vs_{label}"] = ratio_ci((j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]),
-                                                j["prompt_id"], ci, n_boot, seed)
+                                                j["prompt_id"], boot)
             entry[f"block_efficiency_vs_{label}"] = ratio_ci((j["emitted_a"], j["steps_a"]),
-                                                             (j["emitted_b"], j["steps_b"]), j["prompt_id"], ci,
-                                                             n_boot, seed)
+                                                             (j["emitted_b"], j["steps_b"]), j["prompt_id"], boot)
         out[str(policy)] = entry
     return out
 
 
-def gain_by(runs: pd.DataFrame, column: str, policies: list[str], reference: str, ci: float = 0.95,
-            n_boot: int = 2000, seed: int = 0) -> dict[str, dict[str, dict]]:
+def gain_by(runs: pd.DataFrame, column: str, policies: list[str], reference: str,
+            boot: Bootstrap = Bootstrap()) -> dict[str, dict[str, dict]]:
     """``{value of column: {policy: paired tokens/s ratio to reference (with interval)}}``, e.g. by temperature."""
     out: dict[str, dict[str, dict]] = {}
     for value, rows in runs.groupby(column, sort=True):
@@ -107,7 +116,7 @@ def gain_by(runs: pd.DataFrame, column: str, policies: list[str], reference: str
             j = paired(rows, policy, reference)
             if len(j) and policy != reference:
                 out.setdefault(str(value), {})[policy] = ratio_ci(
-                    (j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]), j["prompt_id"], ci, n_boot, seed)
+                    (j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]), j["prompt_id"], boot)
     return out
 
 

@@ -44,10 +44,12 @@ class SelfDraftAssistant(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.draft.get_output_embeddings()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
-                use_cache=True, logits_to_keep=0, **_: object) -> CausalLMOutputWithPast:
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, logits_to_keep=0,
+                **options) -> CausalLMOutputWithPast:
+        """The draft's forward under HF's names (``options``: ``use_cache``, ``cache``; others ignored)."""
+        cache = options.get("cache")
         out = self.draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache if cache is not None else past_key_values, use_cache=use_cache,
+                         cache=cache if cache is not None else past_key_values, use_cache=options.get("use_cache", True),
                          logits_to_keep=logits_to_keep)
         return CausalLMOutputWithPast(logits=out.logits, **{_CACHE_FIELD: out.cache})
 

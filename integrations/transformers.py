@@ -160,13 +160,13 @@ class SelectorCandidateGenerator(CandidateGenerator):
     requires_model_outputs = True  # the target's last pass: its hidden states are the selector's input
     model_kwargs_overrides = {"output_hidden_states": True}
 
-    def __init__(self, model, selector, drafter: AssistantDrafter, generation_config, lookup: int | None = None,
-                 lookup_min_ngram: int = 1) -> None:
+    def __init__(self, model, selector, drafter: AssistantDrafter, generation_config,
+                 lookup: int | None = None) -> None:
         self.model, self.selector, self.drafter = model, selector, drafter
         self.max_length = int(generation_config.max_length)
         self.sampling = Sampling(float(generation_config.temperature or 1.0) if generation_config.do_sample else 0.0,
                                  float(generation_config.top_p or 1.0) if generation_config.do_sample else 1.0)
-        self.lookup, self.lookup_min_ngram = lookup, int(lookup_min_ngram)
+        self.lookup = lookup
         self.p_prev: np.ndarray | None = None  # [V] target distribution the root was drawn from
         self.last_length = 0  # candidates of the previous step
         self.steps = {"plain": 0, "draft": 0, "lookup": 0}
@@ -183,7 +183,7 @@ class SelectorCandidateGenerator(CandidateGenerator):
         budget = self.max_length - input_ids.shape[1] - 1  # transformers' own cap: the bonus token must fit
         n, proposal = 0, None
         if budget > 0 and self.lookup:
-            proposal = propose(input_ids[0].tolist(), min(self.lookup, budget), MAX_NGRAM, self.lookup_min_ngram)
+            proposal = propose(input_ids[0].tolist(), min(self.lookup, budget), MAX_NGRAM, 1)
         if proposal is not None and proposal.tokens:
             self.last_length = len(proposal.tokens)
             self.steps["lookup"] += 1
@@ -232,7 +232,7 @@ class BranchpointDecoding:
     """The ``custom_generate`` callable: transformers' assisted-generation loop with `SelectorCandidateGenerator`
     (see the module docstring for why this route). ``last_generator`` keeps the last call's step counts."""
 
-    def __init__(self, selector, assistant, lookup: int | None = None, lookup_min_ngram: int = 1) -> None:
+    def __init__(self, selector, assistant, lookup: int | None = None) -> None:
         missing = [h for h in HOOKS if not hasattr(GenerationMixin, h)]
         if missing:
             import transformers
@@ -240,23 +240,22 @@ class BranchpointDecoding:
             raise IntegrationError(f"transformers {transformers.__version__} has no {missing} (used by the tested "
                                    "5.x range); install the version in pyproject.toml")
         self.selector, self.assistant = selector, assistant
-        self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
+        self.lookup = lookup
         self.last_generator: SelectorCandidateGenerator | None = None
 
-    def __call__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                 streamer=None, **model_kwargs):
+    def __call__(self, model, input_ids, logits_processor, generation_config, **loop_kwargs):
+        """generate()'s call of a decoding loop; ``loop_kwargs`` (stopping criteria, streamer, model inputs...) go to
+        transformers' assisted-decoding loop as generate() hands them."""
         if input_ids.shape[0] != 1:
             raise IntegrationError(f"assisted generation decodes one sequence at a time, got a batch of "
                                    f"{input_ids.shape[0]}")
         drafter = AssistantDrafter(self.assistant, logits_processor, generation_config.do_sample)
-        generator = SelectorCandidateGenerator(model, self.selector, drafter, generation_config, self.lookup,
-                                               self.lookup_min_ngram)
+        generator = SelectorCandidateGenerator(model, self.selector, drafter, generation_config, self.lookup)
         self.last_generator = generator
         model._get_candidate_generator = lambda *args, **kwargs: generator  # this call only (see module docstring)
         try:
             return model._assisted_decoding(input_ids, logits_processor=logits_processor,
-                                            stopping_criteria=stopping_criteria, generation_config=generation_config,
-                                            synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+                                            generation_config=generation_config, **loop_kwargs)
         finally:
             del model._get_candidate_generator
 
@@ -275,17 +274,16 @@ def check_assistant(model, assistant) -> None:
 
 
 def branchpoint_generate(model, inputs=None, selector: str | Path | SelectorRuntime = "artifacts/selector_chain",
-                         assistant=None, latency: str | Path | None = None, tokenizer=None, lookup: int | None = None,
-                         lookup_min_ngram: int = 1, **generate_kwargs):
+                         assistant=None, lookup: int | None = None, **generate_kwargs):
     """``model.generate(inputs, **generate_kwargs)`` with the chain selector choosing each step's draft length (and,
     with ``lookup = N``, prompt lookup chains of up to N tokens where the context repeats). Lossless: greedy gives
-    ``generate()``'s tokens, sampling its distribution. ``selector``: a chain selector folder or a loaded runtime;
-    ``latency``: this machine's profile (default: the exported one); ``tokenizer``: checked against the selector's."""
+    ``generate()``'s tokens, sampling its distribution. ``selector``: a chain selector folder (priced with the
+    profile embedded at export), or `load_chain_selector`'s runtime, which also takes this machine's profile and
+    checks a tokenizer."""
     for key in ("assistant_model", "prompt_lookup_num_tokens", "custom_generate"):
         if generate_kwargs.get(key) is not None:
             raise IntegrationError(f"branchpoint_generate chooses the candidates itself; drop {key}=")
     check_assistant(model, assistant)
-    runtime = selector if not isinstance(selector, str | Path) else load_chain_selector(selector, model, latency,
-                                                                                         tokenizer)
-    decoding = BranchpointDecoding(runtime, assistant, lookup, lookup_min_ngram)
+    runtime = load_chain_selector(selector, model) if isinstance(selector, str | Path) else selector
+    decoding = BranchpointDecoding(runtime, assistant, lookup)
     return model.generate(inputs, custom_generate=decoding, **generate_kwargs)

@@ -51,15 +51,15 @@ class DistillRecords:
 def distillation_records(
     target: nn.Module,
     data: Continuations,
-    layer: int,
+    layer: int | None,
     top_k: int = 64,
     batch_size: int = 8,
     progress: str | None = None,
-    eagle: bool = False,
 ) -> DistillRecords:
     """Teacher forcing: records for every position that predicts a continuation token (the last prompt
     token through the second-to-last continuation token), ``len(continuation)`` records per sequence.
-    ``eagle``: the inputs of the EAGLE head (module docstring) instead of layer ``layer``'s hidden states.
+    The draft's input: the hidden states after the target's layer ``layer``, or (``layer=None``) the inputs of
+    the EAGLE head (module docstring).
 
     Sequences of similar length share a right-padded batch (under the causal mask no real position sees
     the padding, so no attention mask is needed); the LM head runs on the recorded positions only.
@@ -69,6 +69,7 @@ def distillation_records(
     device = next(target.parameters()).device
     head = target.get_output_embeddings()
     captured: list[torch.Tensor] = []
+    eagle = layer is None
     hook = None if eagle else target.model.layers[layer - 1].register_forward_hook(
         lambda _m, _i, o: captured.append(o[0] if isinstance(o, tuple) else o)
     )

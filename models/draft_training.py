@@ -39,6 +39,8 @@ class DistillHParams:
     min_lr_ratio: float
     tv_weight: float  # weight of the (1 - acceptance) term next to the KL
     negatives: int  # sampled-softmax negatives per training step (0 = exact softmax over S)
+    val_every: int  # optimizer steps between validations
+    seed: int
 
 
 def rank_vocabulary(top_ids: torch.Tensor, top_logp: torch.Tensor, vocab_size: int, size: int,
@@ -166,9 +168,9 @@ class DraftDistillation(pl.LightningModule):
 
 
 def fit_draft(draft: SelfDraft, data: DistillDataModule, hparams: DistillHParams, logger=None,
-              val_every: int = 500, seed: int = 0, progress: bool = False) -> DraftDistillation:
+              progress: bool = False) -> DraftDistillation:
     """Train in place (CPU or the draft's device); returns the LightningModule (metrics in its trainer)."""
-    pl.seed_everything(seed, workers=True, verbose=False)
+    pl.seed_everything(hparams.seed, workers=True, verbose=False)
     module = DraftDistillation(draft, hparams)
     trainer = pl.Trainer(
         max_steps=hparams.steps,
@@ -178,7 +180,7 @@ def fit_draft(draft: SelfDraft, data: DistillDataModule, hparams: DistillHParams
         enable_checkpointing=False,
         enable_progress_bar=progress,
         enable_model_summary=False,
-        val_check_interval=min(val_every, hparams.steps),  # in optimizer steps (across epochs)
+        val_check_interval=min(hparams.val_every, hparams.steps),  # in optimizer steps (across epochs)
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         log_every_n_steps=50,

@@ -242,8 +242,8 @@ def use_lean_forward(model: nn.Module) -> bool:
     cache_field = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
     hf_forward = inner.forward
 
-    def forward(input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, use_cache=None,
-                output_hidden_states=None, **kwargs):
+    def forward(input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
+        use_cache, output_hidden_states = kwargs.pop("use_cache", None), kwargs.pop("output_hidden_states", None)
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         unsupported = (input_ids is None or inputs_embeds is not None or isinstance(attention_mask, dict)

@@ -43,14 +43,13 @@ def sample_continuations(
     rows: Sequence[Row],
     max_new_tokens: int,
     eos: Collection[int],
-    pad_id: int | None = None,
     batch_size: int = 32,
     progress: str | None = None,
 ) -> list[list[int]]:
     """The continuation of every row, in the order of ``rows``.
 
-    ``eos``: ids that end a continuation (e.g. `models.loading.eos_ids`). ``pad_id``: the id written into
-    left padding (masked out; default: the smallest EOS id). ``progress``: a label for a progress bar on
+    ``eos``: ids that end a continuation (e.g. `models.loading.eos_ids`). Left padding holds the smallest EOS
+    id (masked out: no real position sees it, so its value changes nothing). ``progress``: a label for a progress bar on
     stderr counting sampled tokens, with ETA (None: no bar).
     """
     from tqdm.auto import tqdm
@@ -60,7 +59,7 @@ def sample_continuations(
     if any(not r.prompt for r in rows):
         raise ValueError("every row needs a non-empty prompt")
     eos = {int(i) for i in eos}
-    pad = pad_id if pad_id is not None else min(eos, default=0)
+    pad = min(eos, default=0)
     out: list[list[int]] = [[] for _ in rows]
     bar = tqdm(total=len(rows) * max_new_tokens, desc=progress, unit="tok", disable=progress is None,
                mininterval=2.0)

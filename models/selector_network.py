@@ -129,13 +129,24 @@ class OutputLayout:
         return cls(tuple(d["methods"]), tuple(parse_action(a) for a in d["actions"]), auto)
 
 
-class SelectorNet(nn.Module):
-    """Ê per output from raw root features (see module docstring)."""
+@dataclass(frozen=True)
+class NetShape:
+    """The trunk's sizes: the projection width of each hidden-state input, the MLP widths, the dropout."""
 
-    def __init__(self, hidden_sizes: Mapping[str, int], num_scalars: int, num_outputs: int, proj: int = 128,
-                 widths: Sequence[int] = (512, 32), dropout: float = 0.1, tied: Sequence[int] | None = None,
+    proj: int = 128
+    widths: tuple[int, ...] = (512, 32)
+    dropout: float = 0.1
+
+
+class SelectorNet(nn.Module):
+    """Ê per output from raw root features (see module docstring); ``tied`` and ``fixed`` are the layout's
+    known values (`OutputLayout.constraints`)."""
+
+    def __init__(self, hidden_sizes: Mapping[str, int], num_scalars: int, num_outputs: int,
+                 shape: NetShape = NetShape(), tied: Sequence[int] | None = None,
                  fixed: Mapping[int, float] | None = None) -> None:
         super().__init__()
+        proj, widths, dropout = shape.proj, shape.widths, shape.dropout
         tied = list(range(int(num_outputs))) if tied is None else [int(t) for t in tied]
         fixed = {int(o): float(v) for o, v in (fixed or {}).items()}
         if len(tied) != int(num_outputs) or any(not 0 <= t < int(num_outputs) or tied[t] != t for t in tied):
@@ -232,8 +243,8 @@ def load_selector(folder: str | Path, map_location: str = "cpu") -> tuple[Select
 
     meta = read_selector_meta(folder)
     arch = meta["architecture"]
-    net = SelectorNet(arch["hidden_sizes"], arch["num_scalars"], arch["num_outputs"], arch["proj"],
-                      arch["widths"], arch["dropout"], arch.get("tied"),
+    net = SelectorNet(arch["hidden_sizes"], arch["num_scalars"], arch["num_outputs"],
+                      NetShape(arch["proj"], tuple(arch["widths"]), arch["dropout"]), arch.get("tied"),
                       {int(o): v for o, v in (arch.get("fixed") or {}).items()})
     weights = Path(folder) / WEIGHTS_FILE
     if not weights.is_file():

@@ -98,9 +98,8 @@ def policy_tps(pred, E, cost, valid, beta) -> torch.Tensor:
     return (pi * torch.nan_to_num(E)).sum(-1) / (pi * cost).sum(-1)
 
 
-def throughput_loss(pred, E, cost, base, valid, beta, lam: float, alpha: float) -> torch.Tensor:
-    """The paper's policy loss (module docstring); ``base`` ``[B]`` is TPS_base(c)."""
-    ratio = policy_tps(pred, E, cost, valid, beta) / base
+def throughput_loss(ratio: torch.Tensor, lam: float, alpha: float) -> torch.Tensor:
+    """The paper's policy loss (module docstring) of ``ratio`` ``[B]`` = TPS_pi(c) / TPS_base(c) (`policy_tps`)."""
     hinge = F.relu(1.0 - ratio) ** 2
     k = max(1, math.ceil(alpha * ratio.shape[0]))
     return (-torch.log(ratio)).mean() + lam * torch.topk(hinge, k).values.mean()
@@ -144,8 +143,8 @@ class SelectorModule(pl.LightningModule):
         pred = self.net(*inputs)
         if self.hp.objective == "regression":
             return regression_loss(pred, E, se, self.valid, self.hp.label_weighting, self.hp.se_floor)
-        return throughput_loss(pred, E, cost, base, self.valid, self.log_beta.exp(), self.hp.throughput_lambda,
-                               self.hp.throughput_alpha)
+        ratio = policy_tps(pred, E, cost, self.valid, self.log_beta.exp()) / base
+        return throughput_loss(ratio, self.hp.throughput_lambda, self.hp.throughput_alpha)
 
     def training_step(self, batch, _idx):
         loss = self.loss(batch)

@@ -124,6 +124,13 @@ class ResidualAdapter(nn.Module):
         return h + self.down(nn.functional.silu(self.up(self.norm(h))))
 
 
+def _call_options(past_key_values, options: dict) -> tuple:
+    """``(cache, use_cache, output_hidden_states)`` of a forward call's keywords: the cache under either name."""
+    cache = options.get("cache")
+    return (cache if cache is not None else past_key_values, bool(options.get("use_cache", True)),
+            bool(options.get("output_hidden_states", False)))
+
+
 def _keep_positions(h: torch.Tensor, logits_to_keep) -> torch.Tensor:
     """``h`` [B, n, H] at the positions HF's ``logits_to_keep`` names (0 = all, int k = the last k, 1D tensor = those)."""
     if isinstance(logits_to_keep, torch.Tensor):
@@ -230,10 +237,10 @@ class SelfDraft(nn.Module):
         return (z, h) if return_hidden else z
 
     def subset_logits(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                      use_cache=True, cache=None, output_hidden_states=False, logits_to_keep=0):
+                      logits_to_keep=0, **options):
         """Like `forward` but returns ``(logits over S [B, n', N], cache)`` (+ hidden states of all n positions
-        when asked); ``logits_to_keep`` as in `forward`."""
-        cache = cache if cache is not None else past_key_values
+        when asked); ``logits_to_keep`` and ``options`` as in `forward`."""
+        cache, use_cache, output_hidden_states = _call_options(past_key_values, options)
         if use_cache and cache is None:
             from transformers import DynamicCache
 
@@ -242,13 +249,15 @@ class SelfDraft(nn.Module):
         z, last = self.head_logits(h, return_hidden=True, logits_to_keep=logits_to_keep)  # [B, n', N], [B, n, H]
         return (z, cache, (h, last)) if output_hidden_states else (z, cache)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
-                cache=None, output_hidden_states=False, logits_to_keep=0, **_ignored) -> _Output:
-        """HF call convention; ``.hidden_states`` (with ``output_hidden_states``) is (after layer k, final), of
-        every position. ``logits_to_keep`` (HF's): 0 = logits at every position, an int k > 0 = at the last k, a
-        1D tensor = at those positions (the head, the costly part, runs on those rows only)."""
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, logits_to_keep=0,
+                **options) -> _Output:
+        """HF call convention. ``logits_to_keep`` (HF's): 0 = logits at every position, an int k > 0 = at the last
+        k, a 1D tensor = at those positions (the head, the costly part, runs on those rows only). ``options``:
+        ``use_cache`` (default True), ``cache`` (the KV cache under transformers' newer name; either name works),
+        ``output_hidden_states`` (``.hidden_states`` is then (after layer k, final), of every position); other HF
+        keywords are ignored."""
         z, cache, *hidden = self.subset_logits(input_ids, attention_mask, position_ids, past_key_values,
-                                               use_cache, cache, output_hidden_states, logits_to_keep)
+                                               logits_to_keep, **options)
         logits = z.new_full((*z.shape[:-1], self.config_draft.vocab_size), float("-inf"))  # [B, n, V]
         logits[..., self.vocab_subset] = z
         return _Output(logits, cache, hidden[0] if hidden else None)

@@ -124,7 +124,7 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
     """Collect this process's part; returns its manifest."""
     from tqdm.auto import tqdm
 
-    from data_collection.collect import RootCollector, root_positions
+    from data_collection.collect import RootCollector, UnionTrees, root_positions
     from data_collection.dataset import DatasetError, ShardWriter
     from data_collection.dataset_schema import rows_table
     from data_collection.trajectories import load_trajectories
@@ -150,7 +150,7 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
             raise
         print(f"collect: {c.out} was collected with another configuration; starting over (--restart-on-change)")
         writer = ShardWriter(c.out, index, count, header, restart=True)
-    collector = RootCollector(pair.target, pair.draft, pair.vocab_size, space, c.methods, c.num_trees, c.seed)
+    collector = RootCollector(pair.target, pair.draft, pair.vocab_size, space, c.methods, UnionTrees(c.num_trees, c.seed))
     chunks = [range(k, min(k + c.shard_size, len(mine))) for k in range(0, len(mine), c.shard_size)]
     total = sum(len(p) for p in positions)
     bar = tqdm(total=total, desc=f"collect {index}/{count}", unit="root", mininterval=2.0)

@@ -259,16 +259,17 @@ def tables(cfg, off, policies, runs):
     """``(policy table with paired ratios, gains by temperature / source)``."""
     import pandas as pd
 
-    from evaluation.paired_stats import gain_by, policy_table
+    from evaluation.paired_stats import Bootstrap, gain_by, policy_table
 
     ec = cfg.evaluate
     df = pd.DataFrame(runs)
     refs = references(off)
-    table = policy_table(df, refs, ec.ci, ec.bootstrap, ec.seed)
+    boot = Bootstrap(ec.ci, ec.bootstrap, ec.seed)
+    table = policy_table(df, refs, boot)
     table = {p.name: table[p.name] for p in policies}  # in the order of the policies
     names = [p.name for p in policies]
     main_refs = {k: refs[k] for k in ("autoregressive", "traversal_best_static")}
-    gains = {col: {ref: gain_by(df, col, names, refv, ec.ci, ec.bootstrap, ec.seed) for ref, refv in main_refs.items()}
+    gains = {col: {ref: gain_by(df, col, names, refv, boot) for ref, refv in main_refs.items()}
              for col in ("temperature", "source")}
     for p in policies:
         table[p.name].update({"kind": p.kind, "method": p.method, "action": p.action,

@@ -55,14 +55,14 @@ def tree_labels(pair, space, methods: list[str], picked: list[tuple], trees: int
     """``({method: [trees, roots, A]}, context lengths [roots])``: one union tree per collector seed."""
     from tqdm.auto import tqdm
 
-    from data_collection.collect import RootCollector
+    from data_collection.collect import RootCollector, UnionTrees
     from data_collection.dataset_schema import trajectory_key
     from decoding.sampling import Sampling
 
     values: dict[str, list] = {m: [] for m in methods}
     bar = tqdm(total=trees * sum(len(p) for _, p in picked), desc="label noise", unit="root")
     for j in range(trees):
-        collector = RootCollector(pair.target, pair.draft, pair.vocab_size, space, methods, 1, seed + 1 + j)
+        collector = RootCollector(pair.target, pair.draft, pair.vocab_size, space, methods, UnionTrees(1, seed + 1 + j))
         per_root: dict[str, list] = {m: [] for m in methods}
         for t, pos in picked:
             rows = collector.collect(list(t.prompt_ids) + list(t.continuation_ids), pos,

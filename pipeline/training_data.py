@@ -35,11 +35,11 @@ def new_net(schema, layout, tc):
     stage train on the same data end with different selectors)."""
     import torch
 
-    from models.selector_network import SelectorNet
+    from models.selector_network import NetShape, SelectorNet
 
     torch.manual_seed(tc.seed)
-    return SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size, tc.proj, tc.widths, tc.dropout,
-                       *layout.constraints())
+    return SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size,
+                       NetShape(tc.proj, tuple(tc.widths), tc.dropout), *layout.constraints())
 
 
 def layout_for(tc, manifest: dict):
@@ -108,7 +108,7 @@ def training_data(cfg, chain: bool = False) -> TrainingData:
         layout, labels, label_se = chain_layout(layout, labels, label_se)
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
     infer = inference_seconds(new_net(schema, layout, tc)) if tc.charge_inference else 0.0
-    data = build_selector_data(cols, labels, label_se, schema, layout, latency, infer)
+    data = build_selector_data(cols, (labels, label_se), schema, layout, latency, infer)
     return TrainingData(manifest, layout, schema, latency, data, infer)
 
 

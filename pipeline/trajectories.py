@@ -80,8 +80,7 @@ def sample_trajectories(cfg, target, tokenizer, progress: bool = True) -> list:
     tc = cfg.trajectories
     entries = plan(cfg, tokenizer)
     rows = [Row(e["prompt_ids"], Sampling(e["temperature"], e["top_p"]), e["seed"]) for e in entries]
-    conts = sample_continuations(target, rows, tc.max_new_tokens, eos_ids(tokenizer, target),
-                                 pad_id=tokenizer.pad_token_id, batch_size=tc.batch_size,
+    conts = sample_continuations(target, rows, tc.max_new_tokens, eos_ids(tokenizer, target), batch_size=tc.batch_size,
                                  progress="sampling trajectories" if progress else None)
     fields = {f.name for f in dataclasses.fields(Trajectory)}
     return [Trajectory(**{k: v for k, v in e.items() if k in fields}, continuation_ids=c)

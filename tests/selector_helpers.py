@@ -14,7 +14,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import ActionSpace
 from decoding.features import FeatureSchema
 from decoding.latency import LatencyModel
-from models.selector_network import SelectorNet
+from models.selector_network import NetShape, SelectorNet
 
 SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))
 METHODS = ["traversal", "specinfer"]  # of build_collected
@@ -43,8 +43,8 @@ def random_selector(feature_set: str = "paper", methods=("traversal",), seed: in
     actions = [str(a) for a in SPACE]
     outputs = len(methods) * len(actions)
     layout = OutputLayout(tuple(methods), tuple(SPACE), len(methods) > 1)
-    net = SelectorNet({h: shapes[h][0] for h in schema.hidden}, len(schema.scalars), outputs, proj=16,
-                      widths=(32, 16), dropout=0.0, tied=layout.constraints()[0],
+    net = SelectorNet({h: shapes[h][0] for h in schema.hidden}, len(schema.scalars), outputs,
+                      NetShape(16, (32, 16), 0.0), tied=layout.constraints()[0],
                       fixed=layout.constraints()[1]).eval()
     with torch.no_grad():  # around the labels' scale (as training starts, `init_output_bias`), so it speculates
         net.mlp[-1].bias.add_(2.0)
@@ -67,7 +67,7 @@ def random_inputs(schema: FeatureSchema, n: int, seed: int = 0) -> dict[str, np.
 
 def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int = 6, seed: int = 0) -> Path:
     """Collect a tiny dataset into ``out`` (prompt i gets split SPLITS[i % 8] and source "src<i % 2>")."""
-    from data_collection.collect import RootCollector
+    from data_collection.collect import RootCollector, UnionTrees
     from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
     from data_collection.dataset_schema import rows_table, trajectory_key
     from decoding.features import FeatureSchema
@@ -75,7 +75,7 @@ def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int =
     from decoding.sampling import Sampling
 
     target, draft = untied_pair(seed=3, noise=0.4)
-    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=2, seed=seed)
+    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(2, seed))
     rng = np.random.default_rng(seed)
     hidden = {"target": int(target.config.hidden_size), "draft": int(draft.config.hidden_size)}
     header = {"format_version": FORMAT_VERSION, "config_hash": "tiny0123", "config": {"tiny": True},

@@ -45,7 +45,7 @@ def test_stage_trains_exports_registers_and_the_download_decodes_in_transformers
     from engine_helpers import untied_pair
     from selector_helpers import build_collected, toy_latency
 
-    from integrations.transformers import branchpoint_generate
+    from integrations.transformers import branchpoint_generate, load_chain_selector
     from pipeline.cli import main
 
     collected = build_collected(tmp_path / "data")
@@ -70,6 +70,6 @@ def test_stage_trains_exports_registers_and_the_download_decodes_in_transformers
     target, draft = untied_pair(seed=3, noise=0.4)  # the pair build_collected collected with
     ids = torch.tensor([[1, 5, 9, 5, 9, 12]])
     plain = target.generate(ids, do_sample=False, max_new_tokens=24, min_new_tokens=24)
-    ours = branchpoint_generate(target, ids, selector=dst, assistant=draft, latency=profile, do_sample=False,
-                                max_new_tokens=24, min_new_tokens=24)
+    ours = branchpoint_generate(target, ids, selector=load_chain_selector(dst, target, latency=profile),
+                                assistant=draft, do_sample=False, max_new_tokens=24, min_new_tokens=24)
     assert ours.tolist() == plain.tolist()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from engine_helpers import VOCAB, untied_pair
 
-from data_collection.collect import RootCollector, forest_layout, root_positions, root_seed
+from data_collection.collect import RootCollector, UnionTrees, forest_layout, root_positions, root_seed
 from data_collection.dataset import DatasetError, ShardWriter, load_collected, merge_manifests
 from decoding.actions import Action, ActionSpace
 from decoding.engine import SpeculativeDecoder
@@ -54,7 +54,7 @@ def test_no_train_serve_skew(pair, one_thread):
     res = SpeculativeDecoder(target, draft, VOCAB).generate(prompt, 40, "traversal", rec, sampling, seed=1)
     assert res.stats.steps == len(rec.seen) and any(n > 1 for n in res.stats.accepted_hist[1:])
     seq = prompt + res.tokens
-    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=1)
+    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(1))
     positions = [f.context_length for f in rec.seen]
     feats = collector.features(seq, positions, sampling)
     for i, f in enumerate(rec.seen):
@@ -98,7 +98,7 @@ def test_forest_rows_equal_full_forwards(pair, one_thread):
     sampling = Sampling(0.8, 0.95)
     seq = list(np.random.default_rng(2).integers(0, VOCAB, 25))
     r = 20
-    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=2)
+    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(2))
     pre = collector._prefill(seq, [r], sampling)
     from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
     from decoding.engine.tree_pass import target_tree_pass
@@ -129,7 +129,7 @@ def test_union_labels_equal_each_actions_own_tree(pair, one_thread):
     target, draft = pair
     sampling = Sampling(1.0)
     seq = list(np.random.default_rng(3).integers(0, VOCAB, 30))
-    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=1)
+    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(1))
     pre = collector._prefill(seq, [25], sampling)
     from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
     from decoding.engine.tree_pass import target_tree_pass
@@ -155,7 +155,7 @@ def test_collect_rows_are_deterministic_per_root(pair, one_thread):
     """A root's row depends only on (seed, key, position): collecting a subset gives the same rows."""
     target, draft = pair
     seq = list(np.random.default_rng(4).integers(0, VOCAB, 50))
-    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, num_trees=2, seed=7)
+    collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(2, 7))
     both = collector.collect(seq, [20, 36], Sampling(1.0), "k")
     one = collector.collect(seq, [36], Sampling(1.0), "k")
     for m in METHODS:

@@ -11,7 +11,7 @@ from lossless_harness import PrefixOracle, chi_square_test, expected_law
 from tiny_models import tiny_config
 from transformers import LlamaForCausalLM
 
-from data_collection.collect import RootCollector
+from data_collection.collect import RootCollector, UnionTrees
 from decoding.actions import Action, ActionSpace
 from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
@@ -60,7 +60,7 @@ def distilled(target, draft: EagleDraft, steps: int = 300) -> EagleDraft:
         out = target.generate(torch.tensor([PROMPT] * 32), do_sample=True, max_new_tokens=24, min_new_tokens=24,
                               pad_token_id=0, eos_token_id=None)
     data = Continuations([PROMPT] * 32, [row[len(PROMPT):].tolist() for row in out])
-    rec = distillation_records(target, data, 0, top_k=16, eagle=True)
+    rec = distillation_records(target, data, None, top_k=16)
     assert rec.hidden.shape == (32 * 24, 2 * 64)
     pos = torch.full((VOCAB,), -1, dtype=torch.long)
     pos[draft.vocab_subset] = torch.arange(draft.vocab_subset.numel())
@@ -170,7 +170,7 @@ def test_collection_drafts_what_the_decoder_drafts(pair):
     target, draft = pair
     sampling = Sampling(1.0)
     seq = PROMPT + [20, 21, 22, 23, 24, 25]
-    collector = RootCollector(target, draft, VOCAB, ActionSpace(range(1, 3), range(0, 2), range(0, 2)), ["traversal"], 1)
+    collector = RootCollector(target, draft, VOCAB, ActionSpace(range(1, 3), range(0, 2), range(0, 2)), ["traversal"], UnionTrees(1))
     positions = [6, 9]
     feats = collector.features(seq, positions, sampling)
     decoder = SpeculativeDecoder(target, draft, VOCAB)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import decoding.engine.drafting as drafting
-from data_collection.collect import RootCollector
+from data_collection.collect import RootCollector, UnionTrees
 from decoding.engine import SpeculativeDecoder
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import target_tree_pass
@@ -66,7 +66,7 @@ def test_forest_decoder_and_causal_rows_agree(smollm2_pair, real_self_draft, mon
     r = len(seq) - 1  # the root: the last token
 
     # 1. the collection: one prefill per model, the forest drafted below the root, one target pass over it
-    collector = RootCollector(pair.target, draft, vocab, space, ["traversal"], num_trees=4, seed=0)
+    collector = RootCollector(pair.target, draft, vocab, space, ["traversal"], UnionTrees(4, 0))
     pre = collector._prefill(seq, [r], SAMPLING)
     forest = drafting.draft_layout(drafting.DraftRoot(pre["kv_d"].fork(r + 1), pre["q_root"][0]), collector.parents,
                                    collector.depths, drafting.DraftRule(SAMPLING, vocab), np.random.default_rng(3))

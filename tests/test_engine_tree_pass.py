@@ -147,7 +147,7 @@ def test_rows_give_those_rows_of_a_full_forward(kind):
         kv_all, kv_rows = KVState(model), KVState(model)
         assert kv_rows.keeps_logits
         full, h_full = forward_nodes(kv_all, tokens, list(range(11)), causal_allowed(0, 11), True)
-        some, h_some = forward_nodes(kv_rows, tokens, list(range(11)), causal_allowed(0, 11), True, rows=rows)
+        some, h_some = forward_nodes(kv_rows, tokens, list(range(11)), causal_allowed(0, 11), True, keep=rows)
     assert some.shape == (3, full.shape[1]) and h_some.shape == (3, h_full.shape[1])
     assert torch.allclose(some, full[rows], atol=ATOL) and torch.allclose(h_some, h_full[rows], atol=ATOL)
     assert len(kv_rows) == len(kv_all) == 11

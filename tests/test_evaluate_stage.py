@@ -29,14 +29,14 @@ def _trajectories(rng):
 
 
 def _collect(pair, trajs, out):
-    from data_collection.collect import RootCollector
+    from data_collection.collect import RootCollector, UnionTrees
     from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
     from data_collection.dataset_schema import rows_table, trajectory_key
     from decoding.features import FeatureSchema
     from decoding.files import write_json_atomic
     from decoding.sampling import Sampling
 
-    collector = RootCollector(pair.target, pair.draft, pair.vocab_size, SPACE, METHODS, num_trees=2, seed=0)
+    collector = RootCollector(pair.target, pair.draft, pair.vocab_size, SPACE, METHODS, UnionTrees(2, 0))
     hidden = {"target": int(pair.target.config.hidden_size), "draft": int(pair.draft.config.hidden_size)}
     header = {"format_version": FORMAT_VERSION, "config_hash": "tiny-eval", "config": {"tiny": True},
               "pair": {"target": "tiny", "draft": "tiny", "hidden_sizes": hidden, "vocab_size": pair.vocab_size},

@@ -100,8 +100,8 @@ def test_sort_free_numerics_match_the_sorted_reference(v: int) -> None:
     for _ in range(30):
         p, q = _rows(rng, v)
         buf = NodeBuffers(v)
-        nz, p_free = buf.fill(p, q)
-        bk, P, Q, mem = buf.bk, buf.P, buf.Q, buf.members_args()
+        node, p_free = buf.fill(p, q)
+        bk, mem = buf.bk, buf.members_args()
         s = ratio_keys(p, q)
         drawn = q > 0
         assert np.all((bk == -1) == ~drawn)
@@ -112,9 +112,9 @@ def test_sort_free_numerics_match_the_sorted_reference(v: int) -> None:
             row = lexmax_row(p, q, rho, k)
             assert abs(row.sum() - 1.0) < 1e-12
             ref = float(np.maximum(w * p - row, 0.0).sum())
-            assert abs(excess(p, q, bk, P, Q, nz, p_free, w, rho, k, *mem) - ref) < 1e-12
+            assert abs(excess(node, mem, p_free, w, rho, k) - ref) < 1e-12
             for t in np.flatnonzero(q > 0)[:20]:
-                assert abs(lexmax_at(p, q, bk, Q, nz, int(t), rho, k, *mem)[0] - row[t]) < 1e-14
+                assert abs(lexmax_at(node, mem, int(t), rho, k)[0] - row[t]) < 1e-14
 
 
 def test_exact_label_equals_mean_of_repeated_verification() -> None:

@@ -24,7 +24,7 @@ from integrations.transformers import (
     branchpoint_generate,
     load_chain_selector,
 )
-from models.selector_network import OutputLayout, SelectorNet
+from models.selector_network import NetShape, OutputLayout, SelectorNet
 
 CHAINS = tuple(Action(1, n, 0) for n in range(5))
 PROMPT = [[1, 7, 9, 11, 7, 9, 13, 21, 30, 7, 9]]
@@ -39,7 +39,7 @@ def export_chain(folder, hidden: int, vocab: int, kind: str = "chain", labels=(1
     layout = OutputLayout(("specinfer",), CHAINS)
     tied, fixed = layout.constraints()
     net = SelectorNet({h: schema.input_shapes()[h][0] for h in schema.hidden}, len(schema.scalars), layout.size,
-                      proj=8, widths=(16, 8), dropout=0.0, tied=tied, fixed=fixed).eval()
+                      NetShape(8, (16, 8), 0.0), tied=tied, fixed=fixed).eval()
     with torch.no_grad():
         net.mlp[-1].weight.zero_()
         net.mlp[-1].bias.copy_(torch.tensor(labels))
@@ -269,5 +269,6 @@ def test_greedy_on_the_real_pair_is_token_identical(smollm2_pair, tmp_path):
     kw = {"do_sample": False, "max_new_tokens": 128, "min_new_tokens": 128}
     plain = target.generate(ids, **kw).tolist()
     for lookup in (None, 4):
-        ours = branchpoint_generate(target, ids, selector=folder, assistant=draft, tokenizer=tok, lookup=lookup, **kw)
+        ours = branchpoint_generate(target, ids, selector=load_chain_selector(folder, target, tokenizer=tok),
+                                    assistant=draft, lookup=lookup, **kw)
         assert ours.tolist() == plain

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.paired_stats import gain_by, paired, policy_table, rate_ci, ratio_ci
+from evaluation.paired_stats import Bootstrap, gain_by, paired, policy_table, rate_ci, ratio_ci
 
 
 def _runs(speed: dict[str, float], prompts: int = 6, seeds: int = 2, jitter: float = 0.0, seed: int = 0):
@@ -25,13 +25,13 @@ def _runs(speed: dict[str, float], prompts: int = 6, seeds: int = 2, jitter: flo
 
 
 def test_rate_is_sum_over_sum_and_one_group_has_no_spread():
-    r = rate_ci([10, 30], [1, 2], ["a", "a"], n_boot=200)
+    r = rate_ci([10, 30], [1, 2], ["a", "a"], Bootstrap(n_boot=200))
     assert r["value"] == pytest.approx(40 / 3)
     assert r["low"] == pytest.approx(40 / 3) and r["high"] == pytest.approx(40 / 3)  # one prompt: nothing to resample
 
 
 def test_rate_interval_lies_between_the_group_rates_and_covers_the_point():
-    r = rate_ci([10, 10, 10], [1, 2, 4], ["a", "b", "c"], n_boot=4000, seed=1)
+    r = rate_ci([10, 10, 10], [1, 2, 4], ["a", "b", "c"], Bootstrap(n_boot=4000, seed=1))
     assert 10 / 4 <= r["low"] < r["value"] < r["high"] <= 10
     assert r["value"] == pytest.approx(30 / 7)
 
@@ -47,7 +47,7 @@ def test_paired_ratio_is_exact_when_one_policy_is_always_twice_as_fast():
 
 def test_pairing_is_what_makes_the_interval_tight():
     runs = _runs({"ar": 10.0, "fast": 12.0}, prompts=8, jitter=0.02, seed=3)
-    table = policy_table(runs, {"autoregressive": "ar"}, n_boot=2000)
+    table = policy_table(runs, {"autoregressive": "ar"}, Bootstrap(n_boot=2000))
     ratio = table["fast"]["tps_vs_autoregressive"]
     assert ratio["low"] > 1.1 and ratio["high"] < 1.3  # paired: the prompt-to-prompt spread cancels
     # unpaired: the ratio of the two rate intervals' ends spans far wider
@@ -63,7 +63,7 @@ def test_only_common_units_are_paired_and_missing_references_are_skipped():
     runs = _runs({"ar": 10.0, "fast": 20.0})
     runs = runs[~((runs["policy"] == "fast") & (runs["prompt_id"] == "p0"))]
     # drop p0 for "fast": its ratio uses p1..p5 only; AR's p0 would otherwise pull the ratio
-    table = policy_table(runs, {"autoregressive": "ar", "traversal_best_static": "absent"}, n_boot=100)
+    table = policy_table(runs, {"autoregressive": "ar", "traversal_best_static": "absent"}, Bootstrap(n_boot=100))
     assert table["fast"]["tps_vs_autoregressive"]["value"] == pytest.approx(2.0)
     assert "tps_vs_traversal_best_static" not in table["fast"]
 
@@ -72,6 +72,6 @@ def test_gain_by_temperature_groups_the_units():
     runs = _runs({"ar": 10.0, "fast": 20.0})
     hot = runs["temperature"] == 1.0
     runs.loc[hot & (runs["policy"] == "fast"), "seconds"] *= 2  # no gain at T = 1
-    g = gain_by(runs, "temperature", ["fast", "ar"], "ar", n_boot=100)
+    g = gain_by(runs, "temperature", ["fast", "ar"], "ar", Bootstrap(n_boot=100))
     assert set(g) == {"0.6", "1.0"} and "ar" not in g["0.6"]
     assert g["0.6"]["fast"]["value"] == pytest.approx(2.0) and g["1.0"]["fast"]["value"] == pytest.approx(1.0)

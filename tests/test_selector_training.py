@@ -16,7 +16,7 @@ from decoding.features import FeatureSchema
 from decoding.pricing import decide
 from models.selector_data import SelectorData, SelectorDataModule, build_selector_data
 from models.selector_eval import selector_report
-from models.selector_network import OutputLayout, SelectorNet, load_selector, save_selector
+from models.selector_network import NetShape, OutputLayout, SelectorNet, load_selector, save_selector
 from models.selector_training import SelectorModule, fit_selector, predict
 
 
@@ -44,7 +44,7 @@ def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"
     schema = FeatureSchema.for_pair(feature_set, hidden["target"], hidden["draft"])
     layout = OutputLayout(tuple(methods), tuple(SPACE), auto)
     labels = {m: label_matrix(ds, m) for m in METHODS}
-    return build_selector_data(ds.with_format("numpy")[:], labels, None, schema, layout, toy_latency())
+    return build_selector_data(ds.with_format("numpy")[:], (labels, None), schema, layout, toy_latency())
 
 
 def test_datamodule_splits_never_mix_prompts(collected):
@@ -104,7 +104,7 @@ def synthetic(n: int = 600, seed: int = 0) -> SelectorData:
 def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_thread):
     data = synthetic()
     dm = SelectorDataModule(data, batch_size=64)
-    net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), 4, proj=16, widths=(32, 16), dropout=0.0)
+    net = SelectorNet(data.schema.hidden_sizes, len(data.schema.scalars), 4, NetShape(16, (32, 16), 0.0))
     hp = _hp(objective=objective, epochs=40, lr=3e-3)
     fit = data.subset(dm.train_idx)
     batch = dm.full_batch("train")
@@ -181,7 +181,7 @@ def test_path_tps_metrics_against_hand_values():
 
 def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     torch.manual_seed(0)
-    net = SelectorNet({"h_p_prev": 6, "h_q_prev": 5, "h_q_root": 5}, 4, 10, proj=8, widths=(16, 8))
+    net = SelectorNet({"h_p_prev": 6, "h_q_prev": 5, "h_q_root": 5}, 4, 10, NetShape(8, (16, 8)))
     net.set_standardization({"h_p_prev": (torch.randn(6), torch.rand(6) + 0.5), "h_q_prev": (torch.randn(5), torch.rand(5)),
                              "h_q_root": (torch.zeros(5), torch.ones(5)), "scalars": (torch.randn(4), torch.rand(4) + 1)})
     net.eval()
@@ -286,10 +286,11 @@ def test_losses_against_hand_values():
     base = torch.tensor([1.0])
     ratio = 6 / 5.5
     expected = -np.log(ratio) + 0.0  # ratio > 1: no hinge
-    assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 1.0, 0.5)) == pytest.approx(expected)
+    tps = policy_tps(E2, E2, cost, valid, torch.tensor(0.0))
+    assert float(throughput_loss(tps / base, 1.0, 0.5)) == pytest.approx(expected)
     base = torch.tensor([2.0])  # ratio < 1: hinge (1 - ratio)^2 on the worst fraction (the one root)
     r = ratio / 2
-    assert float(throughput_loss(E2, E2, cost, base, valid, torch.tensor(0.0), 3.0, 0.5)) == pytest.approx(
+    assert float(throughput_loss(tps / base, 3.0, 0.5)) == pytest.approx(
         -np.log(r) + 3.0 * (1 - r) ** 2)
 
 
@@ -313,7 +314,7 @@ def test_known_outputs_are_fixed_and_tied_not_learned(tmp_path):
     assert (m, a) == ("specinfer", Action(1, 2, 0))
     assert tied[layout.index("traversal", Action(2, 1, 2))] == layout.index("traversal", Action(2, 1, 2))
     torch.manual_seed(0)
-    net = SelectorNet({"h_p_prev": 6}, 3, layout.size, proj=8, widths=(16,), dropout=0.0, tied=tied, fixed=fixed)
+    net = SelectorNet({"h_p_prev": 6}, 3, layout.size, NetShape(8, (16,), 0.0), tied=tied, fixed=fixed)
     with torch.no_grad():
         net.mlp[-1].bias.add_(5.0)  # a fitted output would move with its bias
     x = [torch.randn(7, 6), torch.randn(7, 3)]

@@ -275,8 +275,8 @@ def test_training_reduces_kl(target):
     probe = DraftDistillation(draft, distill_hparams(TrainDraftConfig()))
     before = distill_terms(draft, probe.pos_in_subset, val.hidden.float(), val.top_ids, val.top_logp)
     target_before = [p.clone() for p in target.parameters()]
-    hparams = distill_hparams(TrainDraftConfig(lr=3e-3, steps=150, warmup_steps=5, tv_weight=1.0))
-    fit_draft(draft, DistillDataModule(train, val, batch_size=64), hparams, val_every=30)
+    hparams = distill_hparams(TrainDraftConfig(lr=3e-3, steps=150, warmup_steps=5, tv_weight=1.0, val_every=30))
+    fit_draft(draft, DistillDataModule(train, val, batch_size=64), hparams)
     after = distill_terms(draft, probe.pos_in_subset, val.hidden.float(), val.top_ids, val.top_logp)
     assert after[0] < 0.9 * before[0] and after[1] > before[1], (before, after)
     assert all(torch.equal(a, b) for a, b in zip(target_before, target.parameters(), strict=True))
@@ -290,8 +290,8 @@ def test_training_runs_in_bfloat16():
     draft = SelfDraft(bf16, config(2, 32), vocab_subset=SUBSET)
     before = draft.adapter.up.weight.detach().clone()
     for negatives in (0, 4):
-        hparams = distill_hparams(TrainDraftConfig(steps=3, warmup_steps=1, negatives=negatives))
-        fit_draft(draft, DistillDataModule(train, val, batch_size=32), hparams, val_every=3)
+        hparams = distill_hparams(TrainDraftConfig(steps=3, warmup_steps=1, negatives=negatives, val_every=3))
+        fit_draft(draft, DistillDataModule(train, val, batch_size=32), hparams)
     assert draft.adapter.up.weight.dtype == torch.bfloat16 and not torch.equal(draft.adapter.up.weight, before)
 
 

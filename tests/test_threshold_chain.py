@@ -89,7 +89,7 @@ def test_stop_length_and_policy():
 
 def _root_cache(draft, prompt):
     kv = KVState(draft)
-    logits, _ = forward_nodes(kv, prompt, list(range(len(prompt))), causal_allowed(0, len(prompt)), last=1)
+    logits, _ = forward_nodes(kv, prompt, list(range(len(prompt))), causal_allowed(0, len(prompt)), keep=1)
     return kv, prob_rows(logits[-1], Sampling(), VOCAB)
 
 

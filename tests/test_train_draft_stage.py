@@ -29,8 +29,9 @@ def test_train_draft_stage_writes_a_loadable_artifact_and_metrics(tmp_path):
     values = json.loads(metrics.read_text())
     assert values["kind"] == "distilled" and values["draft"] == f"self_draft:{out}"
     assert not (out / "measured.json").exists()
-    for key in ("acceptance_test_T1.0", "acceptance_test_T0.6", "step_time_ratio"):
+    for key in ("acceptance_test_T1.0", "acceptance_test_T0.6"):
         assert 0.0 <= values[key] <= 1.0, (key, values[key])
+    assert values["step_time_ratio"] > 0.0  # a timing: no bound here (a busy machine moves it; benchmarks judge it)
     stored = load_trajectories(trajectories)
     # distillation records: one per DRAFT continuation token (teacher forcing, nothing re-sampled)
     assert values["train_records"] == sum(len(t.continuation_ids) for t in stored if t.split == "draft")

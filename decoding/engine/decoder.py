@@ -142,7 +142,7 @@ class SpeculativeDecoder:
         if drafts and self.feature_draft:  # zero features before the first token
             state.f_prev = torch.zeros(2, self.target.config.hidden_size, device=state.kv_t.device)
         if n:
-            logits, h = forward_nodes(state.kv_t, prompt[:-1], list(range(n)), causal_allowed(0, n), features, last=2)
+            logits, h = forward_nodes(state.kv_t, prompt[:-1], list(range(n)), causal_allowed(0, n), features, keep=2)
             state.p_prev, state.h_p_prev = self._rows(logits[-1], sampling), hidden_numpy(h[-1] if hidden else None)
             if drafts and self.feature_draft:
                 state.f_prev[2 - h.shape[0]:] = h
@@ -170,7 +170,7 @@ class SpeculativeDecoder:
             return self._rows(logits[-1], sampling), hidden_numpy(f[-1] if hidden else None)
         start = len(kv)
         logits, h = forward_nodes(kv, pending, list(range(start, start + len(pending))),
-                                  causal_allowed(start, len(pending)), hidden, last=2)
+                                  causal_allowed(start, len(pending)), hidden, keep=2)
         if len(pending) >= 2 and prev:
             state.q_prev, state.h_q_prev = self._rows(logits[-2], sampling), hidden_numpy(h[-2] if hidden else None)
         elif len(pending) >= 2:

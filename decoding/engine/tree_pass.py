@@ -81,15 +81,16 @@ def attention_mask(kv: KVState, allowed: np.ndarray, query_positions: list[int])
 
 
 def forward_nodes(kv: KVState, tokens, positions: list[int], allowed: np.ndarray,
-                  output_hidden_states: bool = False, last: int = 0,
-                  rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  output_hidden_states: bool = False, keep: int | list[int] = 0,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Feed ``tokens`` ``[n]`` with ``positions`` and mask ``allowed`` ``[n, S + n]``; they are appended
-    to the cache. Returns ``(logits [n, V'], last-layer hidden states [n, H] or None)``; with
-    ``last > 0`` only the last ``last`` rows of both, with ``rows`` (indices into the n tokens) only those
-    rows, in that order (either way the head skips the other positions where the model allows it)."""
+    to the cache. Returns ``(logits [n, V'], last-layer hidden states [n, H] or None)``; ``keep``: 0 = every row,
+    an int k > 0 = only the last k rows of both, a list (indices into the n tokens) = only those rows, in that
+    order (either way the head skips the other positions where the model allows it)."""
     ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=kv.device)  # [n]
     mask = attention_mask(kv, allowed, positions)
-    last = min(last, len(positions))
+    rows = None if isinstance(keep, int | np.integer) else list(keep)
+    last = min(int(keep), len(positions)) if rows is None else 0
     out = kv.forward(ids, list(positions), mask, output_hidden_states=output_hidden_states, last_logits=last,
                      logits_rows=rows)
     logits = out.logits[0]
@@ -121,7 +122,7 @@ def prefill(kv: KVState, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor 
     """Process a plain causal chunk (e.g. the prompt) after the cached slots; returns the last logits [V']."""
     start = len(kv)
     logits, hidden = forward_nodes(kv, tokens, list(range(start, start + len(tokens))),
-                                   causal_allowed(start, len(tokens)), last=1)
+                                   causal_allowed(start, len(tokens)), keep=1)
     return logits[-1], hidden
 
 

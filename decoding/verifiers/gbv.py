@@ -212,7 +212,7 @@ def gbv_union_labels(ctx: UnionContext) -> np.ndarray:
                 at.setdefault(path.node, []).append(k)
             for node, group in at.items():
                 p, q = as_float64(p_rows[node]), as_float64(q_rows[node])
-                nz, p_free = buf.fill(p, q)
+                node_rows, p_free = buf.fill(p, q)
                 for k in group:
                     path = paths[k]
                     toks = [int(tokens[ro[row, c, d]]) for c in path.cands]
@@ -221,12 +221,12 @@ def gbv_union_labels(ctx: UnionContext) -> np.ndarray:
                         s_t = ratio(p, q, t)
                         if s_t > s_best or (s_t == s_best and t < best):
                             best, s_best = t, s_t
-                    q_best, g = lexmax_at(p, q, buf.bk, buf.Q, nz, best, path.rho, k, *mem)
+                    q_best, g = lexmax_at(node_rows, mem, best, path.rho, k)
                     w = path.w[-1]
                     if node == 0:
                         path.h.append(1.0)
                     elif w > 0.0:
-                        path.h.append(_h(excess(p, q, buf.bk, buf.P, buf.Q, nz, p_free, w, path.rho, k, *mem), w))
+                        path.h.append(_h(excess(node_rows, mem, p_free, w, path.rho, k), w))
                     else:
                         path.h.append(0.0)
                     path.rho = path.rho * float(q[best]) / g

@@ -107,21 +107,26 @@ class NodeBuffers:
         self.start, self.count = np.full(NB, -1, dtype=np.int64), np.zeros(NB, dtype=np.int64)
         self.members, self.used = np.empty(V, dtype=np.int64), np.zeros(1, dtype=np.int64)
 
-    def fill(self, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, float]:
-        """Bucket one node's rows; returns (nz, p_free) as ``node_buckets``."""
+    def fill(self, p: np.ndarray, q: np.ndarray) -> tuple[tuple, float]:
+        """Bucket one node's rows. Returns (node, p_free): ``node = (p, q, bk, P, Q, nz)``, the tuple ``excess``,
+        ``lexmax_at`` and ``sorted_members`` read (nz and p_free as ``node_buckets`` returns them)."""
         self.start[:] = -1
         self.used[0] = 0
-        return node_buckets(p, q, self.scratch, self.bk, self.P, self.Q)
+        nz, p_free = node_buckets(p, q, self.scratch, self.bk, self.P, self.Q)
+        return (p, q, self.bk, self.P, self.Q, nz), p_free
 
     def members_args(self) -> tuple:
-        """The member-cache arrays, in the order ``excess`` and ``lexmax_at`` take them."""
+        """The member cache ``(start, count, members, used)``, the tuple ``excess`` and ``lexmax_at`` take."""
         return self.start, self.count, self.members, self.used
 
 
 @njit(cache=True)
-def sorted_members(p, q, bk, b: int, start, count, members, used) -> np.ndarray:
+def sorted_members(node, mem, b: int) -> np.ndarray:
     """The tokens of bucket b in the node's order (s ascending, ties by id descending), gathered by
-    two vectorized scans of bk and sorted on the first request, then read from the member cache."""
+    two vectorized scans of bk and sorted on the first request, then read from the member cache
+    (``node``: `NodeBuffers.fill`'s tuple; ``mem``: `NodeBuffers.members_args`)."""
+    p, q, bk = node[0], node[1], node[2]
+    start, count, members, used = mem
     if start[b] < 0:
         n = 0
         for t in range(bk.shape[0]):
@@ -143,8 +148,10 @@ def sorted_members(p, q, bk, b: int, start, count, members, used) -> np.ndarray:
 
 
 @njit(cache=True)
-def excess(p, q, bk, P, Q, nz, p_free: float, w: float, rho: float, K: int, start, count, members, used) -> float:
-    """sum_t (w p(t) - q~(t))+ for the lexicographic-maximum law q~ of (rho, K) (module docstring)."""
+def excess(node, mem, p_free: float, w: float, rho: float, K: int) -> float:
+    """sum_t (w p(t) - q~(t))+ for the lexicographic-maximum law q~ of (rho, K) (module docstring); ``node`` and
+    ``mem`` as `sorted_members` takes them, ``p_free`` from `NodeBuffers.fill`."""
+    p, q, P, Q, nz = node[0], node[1], node[3], node[4], node[5]
     Z = norm_z(rho, K)
     total = w * p_free
     C = 0.0
@@ -155,7 +162,7 @@ def excess(p, q, bk, P, Q, nz, p_free: float, w: float, rho: float, K: int, star
             total += w * P[b] - Q[b] * _m(f_lo, f_hi, K, Z)
         elif w * LO[b + 1] > K * _ipow(f_lo, K - 1) / Z:
             run = C
-            for t in sorted_members(p, q, bk, b, start, count, members, used):
+            for t in sorted_members(node, mem, b):
                 F = (1.0 - rho) + rho * run
                 total += max(w * p[t] - q[t] * _m(F, F + rho * q[t], K, Z), 0.0)
                 run += q[t]
@@ -164,15 +171,17 @@ def excess(p, q, bk, P, Q, nz, p_free: float, w: float, rho: float, K: int, star
 
 
 @njit(cache=True)
-def lexmax_at(p, q, bk, Q, nz, t: int, rho: float, K: int, start, count, members, used):
-    """(q~(t), G(t)) of the lexicographic-maximum law of (rho, K) at token t (q(t) > 0)."""
+def lexmax_at(node, mem, t: int, rho: float, K: int):
+    """(q~(t), G(t)) of the lexicographic-maximum law of (rho, K) at token t (q(t) > 0); ``node`` and ``mem`` as
+    `sorted_members` takes them."""
+    q, bk, Q, nz = node[1], node[2], node[4], node[5]
     b = bk[t]
     C = 0.0
     for c in nz:
         if c >= b:
             break
         C += Q[c]
-    for u in sorted_members(p, q, bk, b, start, count, members, used):
+    for u in sorted_members(node, mem, b):
         if u == t:
             break
         C += q[u]

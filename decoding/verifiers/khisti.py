@@ -128,7 +128,7 @@ def _select_sorted(st: dict[str, np.ndarray], top_s: int) -> PairSelection | Non
     q1, q2 filled in rank order; fills key, q_I and next_keys."""
     p_s, q1_s, q2_s, q_I_s, next_keys = st["p"], st["q1"], st["q2"], st["q_I"], st["next_keys"]
     s = min(top_s, p_s.shape[0])
-    r1, r2, res = selection_pass(p_s, q1_s, q2_s, s, st["key"], q_I_s, next_keys)  # final for ranks >= s
+    r1, r2, res = selection_pass((p_s, q1_s, q2_s), s, st["key"], q_I_s, next_keys)  # final for ranks >= s
     a1, a2 = q1_s[:s].tolist(), q2_s[:s].tolist()
     mass = np.zeros((s, s))  # [s, s] P({X1, X2} = {i, j}) for i < j
     for i in range(s):

@@ -141,15 +141,16 @@ def _insertion_sort(key, order, p, q1, q2, budget):
 
 
 @njit(cache=True)
-def selection_pass(p, q1, q2, s, key, q_I, next_keys):
-    """One pass over the ranks, worst first; p, q1, q2 [V] in the stage's rank order. Writes, for each
-    rank r (T_k = q_k-mass ranked worse than r):
+def selection_pass(rows, s, key, q_I, next_keys):
+    """One pass over the ranks, worst first; ``rows = (p, q1, q2)``, each [V] in the stage's rank order. Writes,
+    for each rank r (T_k = q_k-mass ranked worse than r):
       key[r] = q1 q2 - p                (the key the ranking sorted; full_order's 0.0 may be -0.0 here)
       q_I[r] = q1 q2 + q1 T2 + T1 q2   (law of the better-ranked candidate; for r < s the LP's base)
       next_keys[r] = q_I[r] q2 - p      (the next stage's key of this token)
     and returns (r1, r2, res): the q1- and q2-mass of ranks >= s and the sum over ranks >= s of
     (p - q_I)+. The caller replaces ranks < s once the LP is solved. T1, T2 are running sums from the
     worst rank (the same values as a cumulative sum of the reversed arrays)."""
+    p, q1, q2 = rows
     t1 = 0.0
     t2 = 0.0
     r1 = 0.0

@@ -175,10 +175,12 @@ def _members(s, n_bins, buckets, count):
 
 
 @njit(cache=True)
-def _solve_in_bucket(s, p, q, k, j, inside, a_edge, p_edge):
+def _solve_in_bucket(table, k, j, inside, edges):
     """Step 2b: (rho*, A(rho*), P(rho*)) given the root's bucket j-1 and its ratios ``inside`` in
-    increasing order. Piece i = 0..n lies between grid i and grid i+1 (grid: edge j-1, the sorted
+    increasing order (``table = (s, p, q)``, ``edges = (a_edge, p_edge)``). Piece i = 0..n lies between grid i and grid i+1 (grid: edge j-1, the sorted
     ratios, edge j); on it the ratios >= its right end count in A = a_seg[i], the others in P = p_seg[i]."""
+    s, p, q = table
+    a_edge, p_edge = edges
     n = inside.shape[0]
     grid = np.empty(n + 2)
     grid[0], grid[n + 1] = _edge(j - 1), _edge(j)
@@ -228,7 +230,7 @@ def spectr_solve(s, p, q, p_low, beta1, kmax):
             if solve[k - 1]:
                 t = slot[root[k - 1] - 1]
                 inside = members[start[t]:start[t + 1]]
-                r, a_r, p_r = _solve_in_bucket(s, p, q, k, root[k - 1], inside, a_edge, p_edge)
+                r, a_r, p_r = _solve_in_bucket((s, p, q), k, root[k - 1], inside, (a_edge, p_edge))
                 rho[k - 1], beta[k - 1], p_mass[k - 1] = r, a_r + p_r / r, p_r
     c = np.empty(kmax)
     for k in range(1, kmax + 1):
