@@ -107,6 +107,8 @@ def export_selector(net: nn.Module, meta: Mapping, out_dir: str | Path, parity_i
     names = [i["name"] for i in meta["schema"]["inputs"]]
     if set(names) != set(parity_inputs):
         raise ValueError(f"parity inputs {sorted(parity_inputs)} do not match the schema's {names}")
+    if tuple(names) != tuple(net.input_names):  # the graph's inputs are named in schema order, fed positionally
+        raise ValueError(f"the net takes inputs {net.input_names}, the schema orders them {names}")
     graph = DecisionGraph(net, list(meta["outputs"]["valid"])).eval()
     names_out = list(onnx_output_names(meta.get("objective")))
     args = tuple(torch.from_numpy(np.asarray(parity_inputs[n], dtype=np.float32)) for n in names)

@@ -243,7 +243,15 @@ def load_selector(folder: str | Path, map_location: str = "cpu") -> tuple[Select
 
     meta = read_selector_meta(folder)
     arch = meta["architecture"]
-    net = SelectorNet(arch["hidden_sizes"], arch["num_scalars"], arch["num_outputs"],
+    # the hidden inputs in the order the net was trained on (`inputs`, a list): the JSON writer sorts the keys of
+    # ``hidden_sizes``, and the net concatenates its projections in input order (issue #43: a selector trained on
+    # (h_p_prev, e_root) came back as (e_root, h_p_prev) and shipped with its two hidden inputs swapped)
+    order = [n for n in meta.get("inputs", ()) if n in arch["hidden_sizes"]]
+    if sorted(order) != sorted(arch["hidden_sizes"]):
+        raise SelectorLoadError(f"{Path(folder) / META_FILE}: inputs {meta.get('inputs')} do not name the hidden "
+                                f"inputs {sorted(arch['hidden_sizes'])}; the file is damaged or from an old format")
+    hidden = {n: arch["hidden_sizes"][n] for n in order}
+    net = SelectorNet(hidden, arch["num_scalars"], arch["num_outputs"],
                       NetShape(arch["proj"], tuple(arch["widths"]), arch["dropout"]), arch.get("tied"),
                       {int(o): v for o, v in (arch.get("fixed") or {}).items()})
     weights = Path(folder) / WEIGHTS_FILE

@@ -112,6 +112,8 @@ def predict(net: SelectorNet, data: SelectorData, batch_size: int = 8192) -> np.
     net.eval()
     device = next(net.parameters()).device
     names = list(data.schema.input_shapes())
+    if tuple(names) != tuple(net.input_names):
+        raise ValueError(f"the net takes inputs {net.input_names}, the data's schema gives {names}")
     out = []
     for start in range(0, len(data), batch_size):
         xs = [torch.as_tensor(data.inputs[k][start:start + batch_size], dtype=torch.float32, device=device)

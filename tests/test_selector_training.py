@@ -179,6 +179,27 @@ def test_path_tps_metrics_against_hand_values():
     assert r["by_source"]["x"]["tps"]["selector"] == pytest.approx(1.8 / 1.6)
 
 
+def test_round_trip_keeps_the_schema_input_order(tmp_path):
+    """The default schema's hidden inputs are not in alphabetical order (h_p_prev, e_root); the JSON writer sorts
+    keys, and a reload that took that order fed each input to the other's projection (issue #43)."""
+    schema = FeatureSchema.for_pair("target_only", 6, 5)
+    hidden = dict(schema.hidden_sizes)
+    assert list(hidden) != sorted(hidden), "the test needs a schema whose hidden inputs are not sorted"
+    torch.manual_seed(0)
+    net = SelectorNet(hidden, len(schema.scalars), 4, NetShape(8, (16,)))
+    net.set_standardization({n: (torch.randn(s), torch.rand(s) + 0.5)
+                             for n, s in {**hidden, "scalars": len(schema.scalars)}.items()})
+    net.eval()
+    layout = OutputLayout(("specinfer",), tuple(ActionSpace(range(1, 2), range(0, 4), range(0, 1))), False)
+    meta = {"feature_set": "target_only", "schema": schema.to_dict(), "objective": "regression",
+            "outputs": {**layout.to_dict(), "valid": [True] * 4}}
+    save_selector(tmp_path / "sel", net, meta)
+    loaded, _ = load_selector(tmp_path / "sel")
+    assert loaded.input_names == net.input_names == tuple(schema.input_shapes())
+    xs = [torch.randn(3, s) for s in (*hidden.values(), len(schema.scalars))]
+    assert torch.equal(net(*xs), loaded(*xs))
+
+
 def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     torch.manual_seed(0)
     net = SelectorNet({"h_p_prev": 6, "h_q_prev": 5, "h_q_root": 5}, 4, 10, NetShape(8, (16, 8)))
