@@ -6,7 +6,8 @@ itself) is decoded with the engine's own loop, ``new_tokens`` tokens at a time, 
 class once from the same context, in an order rotated per round, each class decode between two plain decodes. Each
 step's seconds are divided by the mean plain step of the plain decodes right before and after it, so a machine that
 runs 2-3x slower in one phase than in another (phases last seconds to minutes) moves numerator and denominator alike.
-A class's ratio is the mean of its normalised steps (means: throughput pays the mean, right tail included).
+A class's ratio is the mean of its normalised steps (means: throughput pays the mean, right tail included); deciding's
+price is a median difference instead (`decide_ratio`: a small difference a busy stretch would swamp).
 
 One class measured alone is noisy (about 12% per shape over 4 rounds: 3,1,0 read 1.24x a plain step and 1,1,0
 1.45x, though K does not change a chain's step), so no class prices itself: one non-negative least-squares fit over
@@ -183,6 +184,19 @@ def normalised(steps: Sequence[TimedStep]) -> list[tuple[TimedStep, float]]:
     return out
 
 
+def decide_ratio(norm: Sequence[tuple[TimedStep, float]]) -> float:
+    """What deciding adds to a plain step, from normalised steps (`normalised`): the median decide step over the median
+    plain step, minus 1; 0 when no decide step was timed. Medians, not means: deciding adds ~2% of a step, and one
+    busy stretch (another process on the cores) read a mean of 1.107 with rounds from 0.96 to 1.39 (stop 54;
+    0.017 on a quiet machine), which moved every decision of the selector (issue #43). A spike lands in the tail
+    a median ignores; a plain step, as slow in a busy phase, is measured the same way."""
+    decide = [v for s, v in norm if s.klass == DECIDE]
+    plain = [v for s, v in norm if s.klass == PLAIN]
+    if not decide or not plain:
+        return 0.0
+    return max(float(np.median(decide) / np.median(plain)) - 1.0, 0.0)
+
+
 def _fit(terms: np.ndarray, ratios: np.ndarray, names: tuple[str, ...]) -> dict:
     """Non-negative least squares of ``ratios`` ``[C]`` on ``terms`` ``[C, T]`` (costs do not go negative)."""
     from scipy.optimize import nnls
@@ -216,7 +230,7 @@ def fit_step_ratios(steps: Sequence[TimedStep], latency: LatencyModel) -> tuple[
     if chains:
         terms = np.stack([chain_terms(latency, [row["context"]], [n])[0, 0] for n, row in chains.items()])
         chain = _fit(terms, np.array([row["ratio"] for row in chains.values()]), CHAIN_TERMS)
-    decide = by_class.get(DECIDE, {}).get("ratio", 1.0) - 1.0
+    decide = decide_ratio(norm)
     context = float(np.mean([s.context for s in steps]))
     defaults = StepRatios()
     ratios = StepRatios(scale, max(decide, 0.0), context, tree or defaults.tree, chain or defaults.chain)

@@ -107,6 +107,25 @@ def test_step_ratios_cancel_phases_and_fit_the_line_the_steps_follow():
     # from the middle of the round; by each round's plain steps alone, the slow round would read 1.25x for all
 
 
+def test_decide_price_ignores_load_spikes():
+    """Deciding's price is a small difference of two large times: a few decide steps slowed 1.5x by another process
+    must not move it, and on a quiet machine it reads what deciding adds."""
+    from data_collection.step_prices import DECIDE, TimedStep, decide_ratio, normalised
+
+    rng = np.random.default_rng(0)
+    quiet = [TimedStep(rnd, klass, 100, 0.02 * (1.02 if klass == DECIDE else 1.0) * (1 + 0.01 * rng.standard_normal()),
+                       slot)
+             for rnd in range(8) for slot, klass in enumerate(("plain", DECIDE, "plain")) for _ in range(8)]
+    decide = [i for i, s in enumerate(quiet) if s.klass == DECIDE]
+    busy = list(quiet)
+    for i in decide[::4]:  # 16 of the 64 decide steps 1.5x slower
+        busy[i] = dataclasses.replace(quiet[i], seconds=1.5 * quiet[i].seconds)
+    assert decide_ratio(normalised(quiet)) == pytest.approx(0.02, abs=0.006)  # sd 0.0018 over seeds
+    assert decide_ratio(normalised(busy)) == pytest.approx(decide_ratio(normalised(quiet)), abs=0.006)
+    mean = np.mean([v for s, v in normalised(busy) if s.klass == DECIDE]) - 1
+    assert mean > 0.1  # what the mean read: the spikes' share of 50%
+
+
 def test_time_grid_leaves_caches_at_each_context_and_keeps_raw_repeats(pair, one_thread):
     target, draft = pair
     grid = time_grid(TimedPair(target, draft, VOCAB), [5, 6, 7], Grid([3, 8], [1, 4], [1, 3], repeats=3, warmup=0))
