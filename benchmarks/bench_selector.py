@@ -1,7 +1,7 @@
 """Selector overhead per decoding step: ONNX decision latency and feature-building time, as a share of one
 target decode step. Writes benchmarks/results/selector.json.
 
-- decision: `SelectorRuntime.decide` at batch 1 with the features already built (median; goal <= 100 us);
+- decision: `SelectorRuntime.run_graph` at batch 1 with the features already built (median; goal <= 100 us);
 - features: `FeatureSchema.vectorize` of one root from [V] probability rows and hidden states, plus the
   step-seconds vector (what `SelectorRuntime.select` adds around the decision);
 - share: both against the profiled target step (t_p(l, 1)) at the same context length (goal < 1%).
@@ -97,7 +97,7 @@ def main() -> int:
             x = rt.schema.vectorize(root, latency)
             batch = {k: v[None] for k, v in x.items()}
             seconds = rt.step_seconds(args.context)[None]
-            decide_us = _median_us(lambda rt=rt, batch=batch, seconds=seconds: rt.decide(batch, seconds), args.reps)
+            decide_us = _median_us(lambda rt=rt, batch=batch, seconds=seconds: rt.run_graph(batch, seconds), args.reps)
             build_us = _median_us(lambda rt=rt: (rt.schema.vectorize(root, latency), rt.step_seconds(args.context)),
                                   max(50, args.reps // 10))
             results["feature_sets"][fs] = {

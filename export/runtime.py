@@ -162,7 +162,7 @@ class SelectorRuntime(Policy):
         return pricing.step_seconds(self.latency, lengths, self.actions, self.methods, self.schema.feature_set,
                                     self.inference_seconds).astype(np.float32)
 
-    def decide(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run_graph(self, inputs: dict[str, np.ndarray], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Batched: ``(Ê [B, outputs], choice [B])`` for validated feature arrays (batch first); for a
         ``throughput`` selector the first array holds its decision scores (``output_names[0]`` says which)."""
         self.schema.validate(inputs, batched=True)
@@ -182,7 +182,7 @@ class SelectorRuntime(Policy):
         """``(first output [outputs], chosen output, step_seconds [outputs])`` at one root."""
         x = self.schema.vectorize(features, self.latency)
         seconds = self.step_seconds(features.context_length)
-        e, choice = self.decide({k: v[None] for k, v in x.items()}, seconds[None])
+        e, choice = self.run_graph({k: v[None] for k, v in x.items()}, seconds[None])
         return e[0], int(choice[0]), seconds
 
     def select(self, features: RootFeatures) -> Choice:

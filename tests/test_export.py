@@ -76,7 +76,7 @@ def test_runtime_in_a_torch_free_process_decides_like_torch(exported, tmp_path):
         rt = SelectorRuntime({str(folder)!r})
         d = dict(np.load({str(tmp_path / 'x.npz')!r}))
         seconds = d.pop("seconds")
-        _, choice = rt.decide(d, seconds)
+        _, choice = rt.run_graph(d, seconds)
         print(" ".join(map(str, choice.tolist())))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -108,9 +108,9 @@ def test_select_implements_the_protocol(exported):
     with pytest.raises(FeatureError, match="NaN"):
         rt.select(RootFeatures(300, Sampling(0.7), p * np.nan, p, p, root.h_p_prev, root.h_q_prev, root.h_q_root))
     with pytest.raises(FeatureError, match="h_q_root"):
-        rt.decide({k: v for k, v in random_inputs(schema, 2).items() if k != "h_q_root"}, np.ones((2, 18)))
+        rt.run_graph({k: v for k, v in random_inputs(schema, 2).items() if k != "h_q_root"}, np.ones((2, 18)))
     with pytest.raises(FeatureError, match="expected shape"):
-        rt.decide(random_inputs(schema, 2) | {"h_p_prev": np.zeros((2, 5), np.float32)}, np.ones((2, 18)))
+        rt.run_graph(random_inputs(schema, 2) | {"h_p_prev": np.zeros((2, 5), np.float32)}, np.ones((2, 18)))
 
 
 def test_tampered_onnx_and_mismatched_sidecar_fail_clearly(exported, tmp_path):
@@ -170,7 +170,7 @@ def test_known_outputs_stay_fixed_in_the_export_and_scores_are_named_so(exported
     folder, net, meta, schema, sidecar = exported
     rt = SelectorRuntime(folder)
     inputs = random_inputs(schema, 16, seed=5)
-    e, _ = rt.decide(inputs, _seconds(schema, inputs, meta["outputs"]["methods"]))
+    e, _ = rt.run_graph(inputs, _seconds(schema, inputs, meta["outputs"]["methods"]))
     empty = [o for o, (_, a) in enumerate(rt.table) if a.tree_size == 0]
     assert empty and np.array_equal(e[:, empty], np.ones((16, len(empty)), dtype=np.float32))
     tied = sidecar["outputs"]["tied"]

@@ -34,10 +34,10 @@ def test_restricted_choice_is_the_argmax_over_that_methods_valid_outputs(folder)
     full = SelectorRuntime(folder, latency=toy_latency())
     inputs = random_inputs(full.schema, 200, seed=5)
     seconds = _seconds(full.schema, inputs)
-    e, unrestricted = full.decide(inputs, seconds)
+    e, unrestricted = full.run_graph(inputs, seconds)
     for only in (["specinfer"], ["bv"], ["traversal", "bv"]):
         rt = SelectorRuntime(folder, latency=toy_latency(), methods=only)
-        _, choice = rt.decide(inputs, seconds)
+        _, choice = rt.run_graph(inputs, seconds)
         assert {rt.table[c][0] for c in choice} <= set(only)
         assert rt.valid[choice].all()  # bv's branching-tree outputs are invalid: never chosen
         allowed = np.array([m in only for m, _ in rt.table]) & rt.valid
@@ -48,7 +48,7 @@ def test_restricted_choice_is_the_argmax_over_that_methods_valid_outputs(folder)
         np.testing.assert_array_equal(choice[same], unrestricted[same])
         assert not same.all() or only == ["traversal", "bv"], f"the restriction to {only} never mattered"
     both = SelectorRuntime(folder, latency=toy_latency(), methods=list(METHODS))
-    np.testing.assert_array_equal(both.decide(inputs, seconds)[1], unrestricted)
+    np.testing.assert_array_equal(both.run_graph(inputs, seconds)[1], unrestricted)
 
 
 def test_restricted_select_returns_only_that_method(folder):
