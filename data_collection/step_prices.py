@@ -187,9 +187,10 @@ def normalised(steps: Sequence[TimedStep]) -> list[tuple[TimedStep, float]]:
 def decide_ratio(norm: Sequence[tuple[TimedStep, float]]) -> float:
     """What deciding adds to a plain step, from normalised steps (`normalised`): the median decide step over the median
     plain step, minus 1; 0 when no decide step was timed. Medians, not means: deciding adds ~2% of a step, and one
-    busy stretch (another process on the cores) read a mean of 1.107 with rounds from 0.96 to 1.39 (stop 54;
-    0.017 on a quiet machine), which moved every decision of the selector (issue #43). A spike lands in the tail
-    a median ignores; a plain step, as slow in a busy phase, is measured the same way."""
+    busy stretch (a test run on the cores) read a mean of 1.107 with rounds from 0.96 to 1.39 (stop 54; the median
+    0.020 quiet), which moves 2.2% of the selector's TEST decisions (issue #43). A spike lands in the tail a median
+    ignores; a plain step, as slow in a busy phase, is measured the same way. A sustained second decode still swamps
+    it (docs/selector.md)."""
     decide = [v for s, v in norm if s.klass == DECIDE]
     plain = [v for s, v in norm if s.klass == PLAIN]
     if not decide or not plain:
