@@ -14,7 +14,7 @@ class TrainConfig:
     # paper | target_only (decoding.features.FEATURE_SETS). target_only (with the root token's embedding): best
     # offline on VAL and TEST roots of the CPU default and the cheapest online (no draft work); docs/selector.md
     feature_set: str = "target_only"
-    objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss) | path (time per token)
+    objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
     # network (models/selector_network.py)
     proj: int = 128  # projection width of each hidden-state feature
     widths: list[int] = field(default_factory=lambda: [512, 32])  # MLP widths
