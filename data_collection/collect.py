@@ -115,14 +115,13 @@ class RootCollector:
         self.children = children_lists(self.parents)
 
     @torch.inference_mode()
-    def prefill(self, model: torch.nn.Module, seq: list[int], rows: list[int] | None = None
+    def prefill(self, model: torch.nn.Module, seq: list[int], keep: int | list[int] = 0
                 ) -> tuple[KVState, torch.Tensor, torch.Tensor]:
         """One causal pass over ``seq``: its cache, logits ``[n, V']`` and last-layer hidden states ``[n, H]``;
-        with ``rows`` both only at those positions (the head skips the rest: a prefill of a few hundred tokens
-        needs the rows of its few roots)."""
+        ``keep`` as `forward_nodes` takes it (a list of positions: both only there, the head skipping the rest: a
+        prefill of a few hundred tokens needs the rows of its few roots)."""
         kv = KVState(model)
-        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True,
-                                       keep=0 if rows is None else rows)
+        logits, hidden = forward_nodes(kv, seq, list(range(len(seq))), causal_allowed(0, len(seq)), True, keep=keep)
         return kv, logits, hidden
 
     @torch.inference_mode()

@@ -234,7 +234,7 @@ def fit_step_ratios(steps: Sequence[TimedStep], latency: LatencyModel) -> tuple[
     decide = decide_ratio(norm)
     context = float(np.mean([s.context for s in steps]))
     defaults = StepRatios()
-    ratios = StepRatios(scale, max(decide, 0.0), context, tree or defaults.tree, chain or defaults.chain)
+    ratios = StepRatios(scale, decide, context, tree or defaults.tree, chain or defaults.chain)
     for a, row in drafted.items():  # what the fit and the tables alone say, for the record
         row["fitted_ratio"] = float(step_ratio(dataclasses.replace(latency, step_ratios=ratios), [row["context"]],
                                                [a])[0, 0])

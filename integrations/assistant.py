@@ -46,11 +46,9 @@ class SelfDraftAssistant(PreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, logits_to_keep=0,
                 **options) -> CausalLMOutputWithPast:
-        """The draft's forward under HF's names (``options``: ``use_cache``, ``cache``; others ignored)."""
-        cache = options.get("cache")
+        """The draft's forward under HF's names (``options`` as `SelfDraft.forward` reads them)."""
         out = self.draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache if cache is not None else past_key_values, use_cache=options.get("use_cache", True),
-                         logits_to_keep=logits_to_keep)
+                         past_key_values=past_key_values, logits_to_keep=logits_to_keep, **options)
         return CausalLMOutputWithPast(logits=out.logits, **{_CACHE_FIELD: out.cache})
 
 

@@ -183,7 +183,7 @@ class SelectorCandidateGenerator(CandidateGenerator):
         budget = self.max_length - input_ids.shape[1] - 1  # transformers' own cap: the bonus token must fit
         n, proposal = 0, None
         if budget > 0 and self.lookup:
-            proposal = propose(input_ids[0].tolist(), min(self.lookup, budget), MAX_NGRAM, 1)
+            proposal = propose(input_ids[0].tolist(), min(self.lookup, budget), MAX_NGRAM)
         if proposal is not None and proposal.tokens:
             self.last_length = len(proposal.tokens)
             self.steps["lookup"] += 1

@@ -177,8 +177,9 @@ def _members(s, n_bins, buckets, count):
 @njit(cache=True)
 def _solve_in_bucket(table, k, j, inside, edges):
     """Step 2b: (rho*, A(rho*), P(rho*)) given the root's bucket j-1 and its ratios ``inside`` in
-    increasing order (``table = (s, p, q)``, ``edges = (a_edge, p_edge)``). Piece i = 0..n lies between grid i and grid i+1 (grid: edge j-1, the sorted
-    ratios, edge j); on it the ratios >= its right end count in A = a_seg[i], the others in P = p_seg[i]."""
+    increasing order (``table = (s, p, q)``, ``edges = (a_edge, p_edge)``). Piece i = 0..n lies between grid i
+    and grid i+1 (grid: edge j-1, the sorted ratios, edge j); on it the ratios >= its right end count in
+    A = a_seg[i], the others in P = p_seg[i]."""
     s, p, q = table
     a_edge, p_edge = edges
     n = inside.shape[0]
