@@ -1,8 +1,9 @@
-"""The selector's decision cost is load-proof: its priced forward seconds (`pipeline.training_data.inference_seconds`,
-the quietest block median of one-thread forwards) measured on a quiet machine and next to another decode, and the
-share of TEST roots whose decision (`decoding.pricing.decide`, argmax Ê / T) stays the same with either price.
-The mean of in-process timings that priced decisions before issue #43 is measured beside it for comparison.
-Writes benchmarks/results/decision_cost.json.
+"""The selector's decision cost is load-proof: what deciding adds to a step, its features
+(`data_collection.step_prices.deciding_work`, priced by the profile's ``feature_seconds``) plus the selector's forward
+(`pipeline.training_data.inference_seconds`), each timed with `decoding.latency.quiet_seconds` (the quietest block's
+median), measured on a quiet machine and next to another decode, and the share of TEST roots whose decision
+(`decoding.pricing.decide`, argmax Ê / T) stays the same with either price. The means of the same timings (what priced
+the forward before issue #43) are measured beside them for comparison. Writes benchmarks/results/decision_cost.json.
 
 Needs the pipeline's outputs up to stage train (data/collect, artifacts/latency.json, artifacts/selector_torch).
 The load is a second process decoding with the target (`branchpoint decode --method autoregressive`).
@@ -26,24 +27,30 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results" / "decision_cost.json"
 
 
-def mean_seconds(net, reps: int = 200) -> float:
-    """The estimator issue #43 replaced: the mean of ``reps`` timed forwards at torch's default threads."""
-    import torch
-
-    xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
+def mean_seconds(fn, reps: int = 200) -> float:
+    """The estimator issue #43 replaced: the mean of ``reps`` timed calls."""
     times = []
-    with torch.inference_mode():
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            net(*xs)
-            times.append(time.perf_counter() - t0)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
     return float(np.mean(times))
 
 
-def timings(net) -> dict:
+def timings(net, features) -> dict:
+    """Deciding's seconds (``features()`` then the network's forward) by both statistics, and the parts."""
+    import torch
+
+    from decoding.latency import quiet_seconds
     from pipeline.training_data import inference_seconds
 
-    return {"robust_seconds": inference_seconds(net), "mean_seconds": mean_seconds(net)}
+    xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
+    with torch.inference_mode():
+        mean_forward = mean_seconds(lambda: net(*xs))
+    parts = {"robust_features": quiet_seconds(features), "robust_forward": inference_seconds(net),
+             "mean_features": mean_seconds(features), "mean_forward": mean_forward}
+    return {**parts, "robust_seconds": parts["robust_features"] + parts["robust_forward"],
+            "mean_seconds": parts["mean_features"] + mean_forward}
 
 
 def start_load(params: str) -> subprocess.Popen:
@@ -72,10 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
+    import torch
+
+    from data_collection.profile import TimedPair, tile_ids
+    from data_collection.prompts import encode_prompt
+    from data_collection.step_prices import deciding_work
     from decoding.files import write_json_atomic
+    from decoding.latency import LatencyModel
+    from decoding.sampling import Sampling
     from models.selector_network import load_selector
     from models.selector_training import predict
     from pipeline.config import load_config
+    from pipeline.profile import load_profiled_pair
     from pipeline.training_data import training_data
 
     cfg = load_config(args.params)
@@ -85,18 +100,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     net, _ = load_selector(cfg.train.out)
     td = training_data(cfg)
-    data, priced = td.data, td.inference_seconds
-    test = data.subset(data.rows("test"))
+    latency = LatencyModel.load(cfg.profile.out)
+    feature_set = td.data.schema.feature_set
+    priced = latency.deciding_seconds(feature_set) + td.inference_seconds  # what train priced deciding at
+    test = td.data.subset(td.data.rows("test"))
     pred = predict(net, test)
-    quiet = timings(net)
+    torch.set_num_threads(cfg.model.threads)
+    target, draft, vocab, tokenizer, _ = load_profiled_pair(cfg)
+    ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), 256)
+    features = deciding_work(TimedPair(target, draft, vocab), ids, latency,
+                             Sampling(cfg.sampling.temperature, cfg.sampling.top_p))[feature_set]
+    quiet = timings(net, features)
     proc = start_load(args.params)
     try:
-        busy = timings(net)
+        busy = timings(net, features)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the loop and the decode inside it
         proc.wait()
     base = decisions(test, pred, priced, priced)
-    out = {"test_roots": len(test), "priced_by_train_seconds": priced, "quiet": quiet, "busy": busy}
+    out = {"test_roots": len(test), "feature_set": feature_set, "priced_by_train_seconds": priced, "quiet": quiet,
+           "busy": busy}
     for key in ("robust_seconds", "mean_seconds"):
         same = float(np.mean(decisions(test, pred, busy[key], priced) == base))
         out[f"unchanged_with_busy_{key}"] = same

@@ -14,7 +14,8 @@ decoding really runs:
   `tree_pass.target_tree_pass` over a tree of ``tokens`` nodes (root included), then the sampling
   transform of all its rows (as the decode loop does). The tree is a chain; its shape does not change
   the cost (dense attention with an additive mask);
-- *feature cost*: the section-5 scalars at one root from ``[V]`` float64 rows (`decoding.features.probability_scalars`).
+- *deciding*: what a selector's step computes before its network runs, per feature set
+  (`data_collection.step_prices.time_deciding`).
 
 Each operation's cache is cropped back to ``c`` slots outside the timed region. Repeats are interleaved
 (every grid cell, of every context, once per round) so that load from other processes hits all cells alike; the first
@@ -29,7 +30,7 @@ import importlib.metadata
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -45,13 +46,6 @@ from decoding.sampling import Sampling
 from decoding.tree import build_tree
 
 DEFAULT_SAMPLING = Sampling()
-
-
-def root_scalars_fn() -> tuple[Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray], str]:
-    """The function whose cost is ``feature_seconds`` (the section-5 scalars from ``[V]`` rows), and its name."""
-    from decoding.features import probability_scalars
-
-    return probability_scalars, "decoding.features.probability_scalars"
 
 
 def _sync(device: torch.device) -> None:
@@ -87,11 +81,10 @@ def target_pass(kv: KVState, tokens: Sequence[int], sampling: Sampling, vocab_si
 
 @dataclass
 class GridTimes:
-    """Raw seconds of every timed operation (warm-up rounds dropped) and rows for the feature timing."""
+    """Raw seconds of every timed operation (warm-up rounds dropped)."""
 
     draft: np.ndarray  # [C, R, repeats]
     target: np.ndarray  # [C, N, repeats]
-    rows: tuple[np.ndarray, np.ndarray, np.ndarray]  # (p_prev, q_prev, q_root), each [V] float64
 
 
 @dataclass(frozen=True)
@@ -152,7 +145,6 @@ def time_grid(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress:
             prefill(kv, ids[:max(contexts)])
     caches = [(full_t.fork(c), None if features else full_d.fork(c)) for c in contexts]
     del full_t, full_d
-    rows = q_rows = None
     bar = tqdm(total=len(contexts) * (warmup + repeats) * (len(draft_rows) + len(target_tokens)), desc=progress,
                unit="pass", disable=progress is None, mininterval=1.0)
     try:
@@ -164,37 +156,21 @@ def time_grid(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress:
                         _sync(device)
                         start = time.perf_counter()
                         if kind == "target":
-                            out = target_pass(kv, feed[:n], sampling, vocab_size)
+                            target_pass(kv, feed[:n], sampling, vocab_size)
                         elif features:
-                            out = feature_draft_step(draft, n, feed, sampling, vocab_size)
+                            feature_draft_step(draft, n, feed, sampling, vocab_size)
                         else:
-                            out = draft_step(kv, n, feed, sampling, vocab_size)
+                            draft_step(kv, n, feed, sampling, vocab_size)
                         _sync(device)
                         elapsed = time.perf_counter() - start
                         if kv is not None:
                             kv.crop(c)
                         if rnd >= warmup:
                             (draft_s if kind == "draft" else target_s)[ci, j, rnd - warmup] = elapsed
-                        if kind == "draft":
-                            q_rows = out
-                        elif rows is None:  # real rows for the feature timing: p, and two q rows
-                            rows = (out[0], q_rows[0], q_rows[-1])
                         bar.update()
     finally:
         bar.close()
-    return GridTimes(draft_s, target_s, rows)
-
-
-def time_features(fn: Callable, rows: tuple[np.ndarray, np.ndarray, np.ndarray], repeats: int = 50,
-                  warmup: int = 5) -> float:
-    """Mean seconds of ``fn(p_prev, q_prev, q_root)``."""
-    times = []
-    for rep in range(warmup + repeats):
-        start = time.perf_counter()
-        fn(*rows)
-        if rep >= warmup:
-            times.append(time.perf_counter() - start)
-    return float(np.mean(times))
+    return GridTimes(draft_s, target_s)
 
 
 def machine_info(device: torch.device) -> dict:
@@ -221,24 +197,21 @@ def machine_info(device: torch.device) -> dict:
     }
 
 
-def profile_pair(pair: TimedPair, context_ids: Sequence[int], grid: Grid, feature_repeats: int = 50,
-                 progress: str | None = None, meta: dict | None = None) -> LatencyModel:
-    """Measure the whole profile and return the `LatencyModel` (means; ``meta`` is extended with the
-    machine and the measurement settings)."""
+def profile_pair(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress: str | None = None,
+                 meta: dict | None = None) -> LatencyModel:
+    """Measure the forward tables and return the `LatencyModel` (means; ``meta`` is extended with the machine and the
+    measurement settings); step ratios, deciding and verification are measured after it (`pipeline.profile`)."""
     start = time.perf_counter()
     info = machine_info(next(pair.target.parameters()).device)
     times = time_grid(pair, context_ids, grid, progress)
-    fn, fn_name = root_scalars_fn()
-    feature = time_features(fn, times.rows, feature_repeats)
-    settings = {"repeats": grid.repeats, "warmup": grid.warmup, "feature_repeats": feature_repeats,
-                "statistic": "mean",
+    settings = {"repeats": grid.repeats, "warmup": grid.warmup, "statistic": "mean",
                 "sampling": {"temperature": grid.sampling.temperature, "top_p": grid.sampling.top_p},
-                "vocab_size": int(pair.vocab_size), "feature_fn": fn_name,
-                "seconds": round(time.perf_counter() - start, 1)}
+                "vocab_size": int(pair.vocab_size)}
     meta = dict(meta or {})
     meta["settings"] = {**settings, **meta.get("settings", {})}
+    meta["settings"]["seconds"] = round(time.perf_counter() - start, 1)
     return LatencyModel(np.asarray(grid.contexts), np.asarray(grid.draft_rows), np.mean(times.draft, axis=-1),
-                        np.asarray(grid.target_tokens), np.mean(times.target, axis=-1), feature, {**info, **meta})
+                        np.asarray(grid.target_tokens), np.mean(times.target, axis=-1), meta={**info, **meta})
 
 
 def step_times(pair: TimedPair, context_ids: Sequence[int], reps: int = 30, warmup: int = 3) -> dict:

@@ -1,24 +1,29 @@
 """Whole decoded steps as ratios to a plain step: the measurement behind `decoding.pricing` (`LatencyModel.step_ratios`).
 
 `branchpoint profile` runs it after the forward tables. Every *step class* (each action of the grid verified by
-Traversal, each lookup chain length, a plain step that decides with the target_only features, and the plain step
-itself) is decoded with the engine's own loop, ``new_tokens`` tokens at a time, in *rounds*: each round decodes every
+Traversal, each lookup chain length, and the plain step itself) is decoded with the engine's own loop, ``new_tokens`` tokens at a time, in *rounds*: each round decodes every
 class once from the same context, in an order rotated per round, each class decode between two plain decodes. Each
 step's seconds are divided by the mean plain step of the plain decodes right before and after it, so a machine that
 runs 2-3x slower in one phase than in another (phases last seconds to minutes) moves numerator and denominator alike.
-A class's ratio is the mean of its normalised steps (means: throughput pays the mean, right tail included); deciding's
-price is a median difference instead (`decide_ratio`: a small difference a busy stretch would swamp).
+A class's ratio is the mean of its normalised steps (means: throughput pays the mean, right tail included). Deciding is
+not a class: it adds ~2% of a step, a difference of whole steps a busy stretch swamps (median decide-over-plain read
+0.000, 0.056 and 0.000 in three quiet runs, and 0.237 beside a second decode), so it is timed alone
+(`data_collection.profile.time_deciding`).
 
 One class measured alone is noisy (about 12% per shape over 4 rounds: 3,1,0 read 1.24x a plain step and 1,1,0
 1.45x, though K does not change a chain's step), so no class prices itself: one non-negative least-squares fit over
 the drafted classes, and one over the lookup chains, give the coefficients of `decoding.pricing`'s terms. The
 draft's prefill over the prompt is not part of any step (`decoding.policy.StepTiming.step_seconds`).
+
+Deciding (`time_deciding`): what a selector's step computes before its network runs, per feature set: a real root's
+features as the decoder hands them over (rows, hidden states, the root's input embedding) and
+`FeatureSchema.vectorize`, timed alone with `decoding.latency.quiet_seconds`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,15 +31,15 @@ import torch
 
 from decoding.actions import AR_ACTION, Action
 from decoding.engine.decoder import SpeculativeDecoder
-from decoding.features import FeatureSchema
-from decoding.latency import CHAIN_TERMS, TREE_TERMS, LatencyModel, StepRatios
+from decoding.engine.tree_pass import input_embeddings
+from decoding.features import FEATURE_SETS, FeatureSchema, RootFeatures
+from decoding.latency import CHAIN_TERMS, TREE_TERMS, LatencyModel, StepRatios, quiet_seconds
 from decoding.policy import Choice, Policy, StaticPolicy, StepResult
 from decoding.pricing import LOOKUP, PLAIN, VERIFY_REFERENCE, chain_terms, model_ratio, step_ratio, tree_terms
 from decoding.sampling import Sampling
 
 from .profile import TimedPair
 
-DECIDE = "decide"  # the class of plain steps that compute the target_only features first
 DEFAULT_SAMPLING = Sampling()
 MAX_ACTIONS = 64  # at most this many actions of the grid are decoded (evenly spaced); the fit prices the rest
 
@@ -69,25 +74,10 @@ class _Lookup(_Recorder):
         return Choice(Action(1, len(tokens), 0), proposal=tokens)
 
 
-class _Decide(_Recorder):
-    """A plain step that first computes the selector's target_only inputs (what deciding costs beyond the ONNX call)."""
-
-    needs_draft = False
-    needs_hidden_states = True
-    uses_draft_model = False
-
-    def __init__(self, schema: FeatureSchema, latency: LatencyModel, sink: list) -> None:
-        self.schema, self.latency, self.sink = schema, latency, sink
-
-    def select(self, features) -> Action:
-        self.schema.vectorize(features, self.latency)
-        return AR_ACTION
-
-
 @dataclass(frozen=True)
 class TimedStep:
     round: int
-    klass: str  # `decoding.pricing` step-class key, or DECIDE
+    klass: str  # `decoding.pricing` step-class key
     context: int
     seconds: float
     slot: int = 0  # the decode's position in its round: a class decode at slot i sits between plain decodes i +- 1
@@ -101,11 +91,9 @@ def price_actions(actions: Sequence[Action]) -> list[Action]:
     return [spec[i] for i in np.linspace(0, len(spec) - 1, MAX_ACTIONS).round().astype(int)]
 
 
-def _classes(actions, lookup_lengths, schema, latency, sink) -> dict[str, tuple[str, Policy]]:
+def _classes(actions, lookup_lengths, sink) -> dict[str, tuple[str, Policy]]:
     """Class key -> (method, policy)."""
     out = {PLAIN: (VERIFY_REFERENCE, _Static(AR_ACTION, sink))}
-    if schema is not None:
-        out[DECIDE] = (VERIFY_REFERENCE, _Decide(schema, latency, sink))
     out.update({f"{VERIFY_REFERENCE}:{a}": (VERIFY_REFERENCE, _Static(a, sink)) for a in actions})
     out.update({f"{LOOKUP}:{n}": ("naive", _Lookup(n, sink)) for n in lookup_lengths})
     return out
@@ -114,10 +102,9 @@ def _classes(actions, lookup_lengths, schema, latency, sink) -> dict[str, tuple[
 @dataclass(frozen=True)
 class PriceRounds:
     """What `measure_step_ratios` decodes besides the drafted actions: prompt lookup chains of ``lookup_lengths``,
-    a deciding step with ``schema``'s features (None: not measured), ``new_tokens`` per decode, ``rounds`` rounds."""
+    ``new_tokens`` per decode, ``rounds`` rounds."""
 
     lookup_lengths: Sequence[int] = ()
-    schema: FeatureSchema | None = None
     new_tokens: int = 16
     rounds: int = 4
     sampling: Sampling = DEFAULT_SAMPLING
@@ -138,7 +125,7 @@ def measure_step_ratios(pair: TimedPair, contexts: Sequence[Sequence[int]], late
     if rounds < 1 or new_tokens < 1 or not contexts:
         raise ValueError("measure_step_ratios needs rounds >= 1, new_tokens >= 1 and at least one context")
     sink: list = []
-    classes = _classes(price_actions(actions), plan.lookup_lengths, plan.schema, latency, sink)
+    classes = _classes(price_actions(actions), plan.lookup_lengths, sink)
     decoder = SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size)
     keys = [k for k in classes if k != PLAIN]
     steps: list[TimedStep] = []
@@ -184,20 +171,6 @@ def normalised(steps: Sequence[TimedStep]) -> list[tuple[TimedStep, float]]:
     return out
 
 
-def decide_ratio(norm: Sequence[tuple[TimedStep, float]]) -> float:
-    """What deciding adds to a plain step, from normalised steps (`normalised`): the median decide step over the median
-    plain step, minus 1; 0 when no decide step was timed. Medians, not means: deciding adds ~2% of a step, and one
-    busy stretch (a test run on the cores) read a mean of 1.107 with rounds from 0.96 to 1.39 (stop 54; the median
-    0.020 quiet), which moves 2.2% of the selector's TEST decisions (issue #43). A spike lands in the tail a median
-    ignores; a plain step, as slow in a busy phase, is measured the same way. A sustained second decode still swamps
-    it (docs/selector.md)."""
-    decide = [v for s, v in norm if s.klass == DECIDE]
-    plain = [v for s, v in norm if s.klass == PLAIN]
-    if not decide or not plain:
-        return 0.0
-    return max(float(np.median(decide) / np.median(plain)) - 1.0, 0.0)
-
-
 def _fit(terms: np.ndarray, ratios: np.ndarray, names: tuple[str, ...]) -> dict:
     """Non-negative least squares of ``ratios`` ``[C]`` on ``terms`` ``[C, T]`` (costs do not go negative)."""
     from scipy.optimize import nnls
@@ -231,10 +204,9 @@ def fit_step_ratios(steps: Sequence[TimedStep], latency: LatencyModel) -> tuple[
     if chains:
         terms = np.stack([chain_terms(latency, [row["context"]], [n])[0, 0] for n, row in chains.items()])
         chain = _fit(terms, np.array([row["ratio"] for row in chains.values()]), CHAIN_TERMS)
-    decide = decide_ratio(norm)
     context = float(np.mean([s.context for s in steps]))
     defaults = StepRatios()
-    ratios = StepRatios(scale, decide, context, tree or defaults.tree, chain or defaults.chain)
+    ratios = StepRatios(scale, context, tree or defaults.tree, chain or defaults.chain)
     for a, row in drafted.items():  # what the fit and the tables alone say, for the record
         row["fitted_ratio"] = float(step_ratio(dataclasses.replace(latency, step_ratios=ratios), [row["context"]],
                                                [a])[0, 0])
@@ -243,3 +215,49 @@ def fit_step_ratios(steps: Sequence[TimedStep], latency: LatencyModel) -> tuple[
         row["fitted_ratio"] = float(chain_terms(latency, [row["context"]], [n])[0, 0] @ ratios.chain_vector())
     return ratios, by_class
 
+
+class _CaptureRoots(Policy):
+    """A plain step at every root that keeps the features the decoder hands a selector (draft rows and hidden states
+    included)."""
+
+    needs_hidden_states = True
+    needs_draft = True
+
+    def __init__(self) -> None:
+        self.roots: list[RootFeatures] = []
+
+    def select(self, features: RootFeatures) -> Action:
+        self.roots.append(features)
+        return AR_ACTION
+
+
+def deciding_work(pair: TimedPair, context_ids: Sequence[int], latency: LatencyModel,
+                  sampling: Sampling = DEFAULT_SAMPLING) -> dict[str, Callable[[], object]]:
+    """``{feature set: fn}``: ``fn()`` computes what deciding computes at one root before the selector's network runs
+    (the root's input embedding, then `FeatureSchema.vectorize` with a fresh memo) on a real root of a short decode
+    after ``context_ids``; for every feature set the pair can feed."""
+    policy = _CaptureRoots()
+    SpeculativeDecoder(pair.target, pair.draft, pair.vocab_size).generate(list(context_ids), 4, VERIFY_REFERENCE,
+                                                                          policy, sampling, seed=0)
+    root = policy.roots[-1]
+    token = int(root.context[-1])
+    sizes = {h: getattr(root, h).size for h in ("h_p_prev", "h_q_prev") if getattr(root, h) is not None}
+    out = {}
+    for feature_set in FEATURE_SETS:
+        schema = FeatureSchema.for_pair(feature_set, sizes.get("h_p_prev", 0), sizes.get("h_q_prev", 0))
+        if any(getattr(root, h) is None for h in schema.hidden if h != "e_root"):
+            continue  # the pair gives no such hidden state: no selector of this set can run on it
+
+        def decide_inputs(schema=schema):  # as the decoder's step: the root embedding, then the selector's inputs
+            with torch.inference_mode():
+                e_root = input_embeddings(pair.target, [token])[0]
+            return schema.vectorize(dataclasses.replace(root, e_root=e_root, memo={}), latency)
+
+        out[feature_set] = decide_inputs
+    return out
+
+
+def time_deciding(pair: TimedPair, context_ids: Sequence[int], latency: LatencyModel,
+                  sampling: Sampling = DEFAULT_SAMPLING, reps: int = 200) -> dict[str, float]:
+    """``{feature set: seconds}`` of `deciding_work`, each timed with `quiet_seconds` (``reps`` calls)."""
+    return {k: quiet_seconds(fn, reps) for k, fn in deciding_work(pair, context_ids, latency, sampling).items()}

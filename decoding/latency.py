@@ -11,13 +11,13 @@ Terms:
   sampling transform of its rows to numpy (what `decoding.engine.drafting` does after each forward).
 - *target pass* ``t_p(c, tokens)``: one target tree pass over ``tokens`` nodes (root included) at context
   c, including the sampling transform of all its rows.
-- *feature cost* ``feature_seconds``: computing the section-5 scalars at one root from ``[V]`` rows
-  already on the CPU (isolated; a latency feature and a record: the price of deciding is measured in the loop).
+- *feature cost* ``feature_seconds``: ``{feature set: seconds}``, what deciding computes at one root before the
+  selector's network runs (the root's features and `FeatureSchema.vectorize`), timed alone with the quietest-block
+  median (`data_collection.profile.time_deciding`): the price of deciding, which load does not move.
 - *step ratios* (`StepRatios`, ``step_ratios`` in the file): whole decoded steps measured in the engine's loop as
   ratios to the plain steps decoded right around them (`data_collection.step_prices`), fitted over shapes: the
   coefficients of a drafted step's ratio (``tree``, verified by Traversal) and of a lookup chain's (``chain``) in the
-  terms of `decoding.pricing`, what deciding adds to a step (``decide_ratio``), and ``plain_scale`` (a whole plain
-  step over the tables' one-token pass).
+  terms of `decoding.pricing`, and ``plain_scale`` (a whole plain step over the tables' one-token pass).
 - *verification cost* ``verify_seconds``: ``{method: {"K,L1,L2": seconds}}``, one `VerificationMethod.verify` call
   on that shape's tree with rows of the pair's vocabulary (`data_collection.verify_cost`).
 The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +45,7 @@ from .errors import UserInputError
 from .files import write_json_atomic
 
 FORMAT = "branchpoint-latency"
-FORMAT_VERSION = 3  # 3: step ratios fitted over shapes (2: one measured ratio per shape; 1: a fitted overhead)
+FORMAT_VERSION = 4  # 4: feature_seconds per feature set, no decide_ratio (3: step ratios fitted over shapes)
 _KEYS = ("contexts", "draft_rows", "draft_seconds", "target_tokens", "target_seconds", "feature_seconds", "meta")
 
 
@@ -104,6 +106,22 @@ def _by_action(values, name: str) -> dict[Action, float]:
     return out
 
 
+def _feature_seconds(values) -> dict[str, float]:
+    """``feature_seconds`` checked: a mapping of feature-set names to finite seconds > 0."""
+    if not isinstance(values, dict):
+        raise LatencyProfileError(f"latency profile: feature_seconds must map feature sets to seconds, got "
+                                  f"{str(values)[:80]}; re-run `branchpoint profile`")
+    out = {}
+    for name, v in values.items():
+        try:
+            out[str(name)] = float(v)
+        except (TypeError, ValueError):
+            raise LatencyProfileError(f"latency profile: feature_seconds[{name!r}] must be a number, got {v!r}") from None
+        if not (math.isfinite(out[name]) and out[name] > 0):
+            raise LatencyProfileError(f"latency profile: feature_seconds[{name!r}] must be finite and > 0, got {v!r}")
+    return out
+
+
 def _verify_seconds(values) -> dict[str, dict[Action, float]]:
     """``verify_seconds`` checked: ``{method: {"K,L1,L2": seconds}}`` with finite seconds >= 0; keyed by `Action`."""
     if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
@@ -139,13 +157,30 @@ def _coefficients(d, name: str, terms: tuple[str, ...]) -> dict:
     return out
 
 
+def quiet_seconds(fn: Callable[[], object], reps: int = 200, blocks: int = 5, warmup: int = 3) -> float:
+    """Seconds of one ``fn()`` as a quiet machine pays it: the smallest of ``blocks`` medians of ``reps / blocks``
+    consecutive timed calls (after ``warmup`` untimed ones; fewer blocks when ``reps < blocks``). Load only adds time, so the quietest block is the
+    machine's own speed, and a median ignores the spikes inside it: the project's statistic for the small costs
+    a busy machine would swamp (deciding, the selector's forward). One mean of in-process timings read 0.24 ms on a
+    quiet machine and 16 ms next to a decode (issue #43)."""
+    if reps < 1 or blocks < 1:
+        raise ValueError(f"quiet_seconds needs reps >= 1 and blocks >= 1, got reps {reps}, blocks {blocks}")
+    for _ in range(warmup):
+        fn()
+    times = np.empty(reps)
+    for i in range(reps):
+        start = time.perf_counter()
+        fn()
+        times[i] = time.perf_counter() - start
+    return float(min(np.median(b) for b in np.array_split(times, min(blocks, reps))))
+
+
 @dataclass(frozen=True)
 class StepRatios:
     """Whole decoded steps as ratios to a plain step (module docstring): the coefficients `decoding.pricing` prices
     with. Empty (`StepRatios()`): the forward tables alone price every step."""
 
     plain_scale: float = 1.0  # a whole plain step over the tables' one-token target pass at the same contexts
-    decide_ratio: float = 0.0  # what computing the target_only features adds to a step, over a plain step
     context: float = 256.0  # mean context length of the measured steps
     tree: dict = field(default_factory=lambda: _coefficients(None, "tree", TREE_TERMS))  # TREE_TERMS -> coefficient
     chain: dict = field(default_factory=lambda: _coefficients(None, "chain", CHAIN_TERMS))  # CHAIN_TERMS -> coefficient
@@ -163,19 +198,18 @@ class StepRatios:
         if not d:
             return cls()
         try:
-            scalars = {k: float(d[k]) for k in ("plain_scale", "decide_ratio", "context")}
+            scalars = {k: float(d[k]) for k in ("plain_scale", "context")}
         except (KeyError, TypeError, ValueError) as e:
-            raise LatencyProfileError(f"latency profile: step_ratios needs plain_scale, decide_ratio and context as "
-                                      f"numbers ({e!r}); re-run `branchpoint profile`") from None
-        if not all(np.isfinite(v) for v in scalars.values()) or scalars["plain_scale"] <= 0 or scalars[
-                "decide_ratio"] < 0:
-            raise LatencyProfileError("latency profile: step_ratios must be finite, with a positive plain_scale and "
-                                      "decide_ratio >= 0; re-run `branchpoint profile`")
+            raise LatencyProfileError(f"latency profile: step_ratios needs plain_scale and context as numbers "
+                                      f"({e!r}); re-run `branchpoint profile`") from None
+        if not all(np.isfinite(v) for v in scalars.values()) or scalars["plain_scale"] <= 0:
+            raise LatencyProfileError("latency profile: step_ratios must be finite, with a positive plain_scale; "
+                                      "re-run `branchpoint profile`")
         return cls(**scalars, tree=_coefficients(d.get("tree"), "tree", TREE_TERMS),
                    chain=_coefficients(d.get("chain"), "chain", CHAIN_TERMS))
 
     def to_dict(self) -> dict:
-        return {"plain_scale": self.plain_scale, "decide_ratio": self.decide_ratio, "context": self.context,
+        return {"plain_scale": self.plain_scale, "context": self.context,
                 "tree": dict(self.tree), "chain": dict(self.chain)}
 
 
@@ -260,7 +294,8 @@ class LatencyModel:
     draft_seconds: np.ndarray  # [C, R] one draft forward with that many query rows at that context
     target_tokens: np.ndarray  # [N] profiled target tree-pass token counts (root included), ascending, starts at 1
     target_seconds: np.ndarray  # [C, N] one target tree pass
-    feature_seconds: float  # computing the section-5 scalars at one root (rows already on CPU)
+    # feature set -> seconds deciding computes at one root before the selector's network ({}: none measured)
+    feature_seconds: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)  # machine, cpu, threads, device, versions, model specs, settings, date
     step_ratios: StepRatios | dict = field(default_factory=StepRatios)  # whole steps over a plain step
     verify_seconds: dict = field(default_factory=dict)  # method -> {"K,L1,L2" -> seconds}; {} = none measured (0)
@@ -271,13 +306,7 @@ class LatencyModel:
         tokens = _grid("target_tokens", self.target_tokens, 1, first=1)
         draft = _times("draft_seconds", self.draft_seconds, (contexts.size, rows.size))
         target = _times("target_seconds", self.target_seconds, (contexts.size, tokens.size))
-        try:
-            feature = float(self.feature_seconds)
-        except (TypeError, ValueError):
-            raise LatencyProfileError(f"latency profile: feature_seconds must be a number, "
-                                      f"got {self.feature_seconds!r}") from None
-        if not (math.isfinite(feature) and feature > 0):
-            raise LatencyProfileError(f"latency profile: feature_seconds must be finite and > 0, got {feature!r}")
+        feature = _feature_seconds(self.feature_seconds)
         if not isinstance(self.meta, dict):
             raise LatencyProfileError(f"latency profile: meta must be a mapping, got {type(self.meta).__name__}")
         for name, value in (("contexts", contexts), ("draft_rows", rows), ("target_tokens", tokens),
@@ -296,6 +325,13 @@ class LatencyModel:
         object.__setattr__(self, "_root_memo", BlockMemo(self._root_block))  # context length -> root_step_seconds
 
     # --- interpolation ------------------------------------------------------------------------------------
+    def deciding_seconds(self, feature_set: str) -> float:
+        """Seconds deciding computes at one root with ``feature_set`` before the selector's network runs."""
+        if feature_set not in self.feature_seconds:
+            raise LatencyProfileError(f"latency profile: no feature cost for feature set {feature_set!r} (measured: "
+                                      f"{sorted(self.feature_seconds) or 'none'}); re-run `branchpoint profile`")
+        return self.feature_seconds[feature_set]
+
     def t_q(self, l, rows) -> float | np.ndarray:  # noqa: E741 (l: context length, as in ALGORITHMS.md)
         """Seconds of one draft forward of ``rows`` query rows at context ``l`` (broadcast over arrays)."""
         return _interpolate(self._draft_table, l, rows)
@@ -320,7 +356,7 @@ class LatencyModel:
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "contexts": self.contexts.tolist(), "draft_rows": self.draft_rows.tolist(),
             "draft_seconds": self.draft_seconds.tolist(), "target_tokens": self.target_tokens.tolist(),
-            "target_seconds": self.target_seconds.tolist(), "feature_seconds": self.feature_seconds,
+            "target_seconds": self.target_seconds.tolist(), "feature_seconds": dict(self.feature_seconds),
             "step_ratios": self.step_ratios.to_dict(), "verify_seconds": {m: dict(by) for m, by in self.verify_seconds.items()}, "meta": self.meta,
         }
 

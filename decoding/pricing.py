@@ -29,9 +29,11 @@ divided by the plain steps decoded right before and after it, so the fit survive
 a phase moves a plain and a drafted step alike. ``plain_scale`` brings the tables' one-token pass to a whole plain
 step (sampling, bookkeeping). Without measured ratios the coefficients are (1, 0, 0, 0): the tables alone.
 
-A step the policy decided (``select`` ran) also pays for deciding: ``plain(c) * decide_ratio`` (the features of the
-policy's feature set, measured in the loop like the rest; ``paper`` features add the draft's root step when the step
-declines) plus the selector's own inference seconds (measured by export).
+A step the policy decided (``select`` ran) also pays for deciding: the profile's ``feature_seconds`` of the policy's
+feature set (the root's features and their vectorizing, `LatencyModel.deciding_seconds`) plus the selector's own
+inference seconds (`pipeline.training_data.inference_seconds`); ``paper`` features add the draft's root step when the
+step declines. Both are timed alone with the quietest-block median (`decoding.latency.quiet_seconds`): a
+difference of whole steps, ~2% of one, is what a second process on the cores swamps (issue #43).
 
 The decision rule (`decide`): the output of the highest predicted ``Ê / step_seconds`` (expected tokens per second)
 among the valid ones; ties go to the first.
@@ -155,7 +157,7 @@ def decide_seconds(latency, context_lengths, actions: Sequence[Action], features
     out = np.zeros((ls.size, len(actions)))
     if features is None:
         return out
-    out += (plain_seconds(latency, ls) * latency.step_ratios.decide_ratio)[:, None] + float(inference_seconds)
+    out += latency.deciding_seconds(features) + float(inference_seconds)
     if features == "paper":  # the draft's root step, also where the step declines
         empty = np.array([a.tree_size == 0 for a in actions])
         root = np.asarray(latency.t_q(ls, 1)).reshape(-1) * latency.step_ratios.plain_scale

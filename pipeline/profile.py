@@ -3,7 +3,7 @@
 Reads: params ``model.*`` (the pair, device, dtype, ``model.threads``), ``sampling.*`` (the row transform
 that is timed with each forward), ``decode.prompt`` (the context tokens), ``profile.*`` (the grid), ``actions.*`` (the shapes whose verification
 is timed per method) and ``train_draft.{layers, adapter_width, vocab_subset_size}``. Writes ``profile.out``
-(artifacts/latency.json): the `decoding.latency.LatencyModel` tables, the feature cost, and the machine,
+(artifacts/latency.json): the `decoding.latency.LatencyModel` tables, the cost of deciding's features, and the machine,
 versions and settings they were measured with. Every later stage loads it with ``LatencyModel.load``.
 
 The profile does not need the trained draft: when ``model.draft`` is ``self_draft:<folder>`` or ``eagle:<folder>``
@@ -102,9 +102,8 @@ def run(cfg, args) -> int:
 
     from data_collection.profile import Grid, TimedPair, profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
-    from data_collection.step_prices import PriceRounds, measure_step_ratios
+    from data_collection.step_prices import PriceRounds, measure_step_ratios, time_deciding
     from data_collection.verify_cost import measure_verify_seconds
-    from decoding.features import FeatureSchema
     from decoding.sampling import Sampling
     from models.quantized import backend_of
 
@@ -120,10 +119,10 @@ def run(cfg, args) -> int:
     sampling = Sampling(cfg.sampling.temperature, cfg.sampling.top_p)
     pair = TimedPair(target, draft, vocab)
     grid = Grid(p.contexts, p.draft_rows, p.target_tokens, p.repeats, p.warmup, sampling)
-    model = profile_pair(pair, ids, grid, p.feature_repeats, None if args.no_progress else "profile", meta)
+    model = profile_pair(pair, ids, grid, None if args.no_progress else "profile", meta)
+    model = dataclasses.replace(model, feature_seconds=time_deciding(pair, ids, model, sampling, p.feature_repeats))
     if p.price_rounds:  # whole engine steps as ratios to plain steps of the same rounds (decoding/pricing.py)
-        schema = FeatureSchema.for_pair("target_only", target.config.hidden_size, target.config.hidden_size)
-        plan = PriceRounds(p.lookup_lengths, schema, p.price_tokens, p.price_rounds, sampling)
+        plan = PriceRounds(p.lookup_lengths, p.price_tokens, p.price_rounds, sampling)
         ratios, by_class = measure_step_ratios(pair, [tile_ids(ids, c) for c in p.price_contexts], model,
                                                list(cfg.actions.space()), plan,
                                                None if args.no_progress else "step prices")
@@ -146,8 +145,7 @@ def run(cfg, args) -> int:
     by_class = model.meta.get("step_ratios_by_class", {})
     shown = [k for k in ("traversal:2,0,1", "traversal:3,0,1", "traversal:1,2,0", "traversal:2,2,3", "lookup:4")
              if k in by_class]
-    print(f"whole steps over a plain step ({sr.plain_scale:.2f}x the tables' one-token pass; deciding adds "
-          f"{sr.decide_ratio:.3f}); fitted tree {_terms(sr.tree)}, lookup chain {_terms(sr.chain)}"
+    print(f"whole steps over a plain step ({sr.plain_scale:.2f}x the tables' one-token pass); fitted tree {_terms(sr.tree)}, lookup chain {_terms(sr.chain)}"
           + ("; measured / fitted " + ", ".join(f"{k.split(':')[1]} {by_class[k]['ratio']:.2f} / "
                                                 f"{by_class[k]['fitted_ratio']:.2f}" for k in shown) if shown else ""))
     if model.verify_seconds:
@@ -155,7 +153,8 @@ def run(cfg, args) -> int:
         print("verification (ms): " + "; ".join(
             f"{m} " + ", ".join(f"{a} {by[a] * 1e3:.2f}" for a in shown if a in by)
             for m, by in model.verify_seconds.items()))
-    print(f"feature computation {model.feature_seconds * 1e3:.2f} ms; profile written to {p.out} "
+    print("deciding's features (ms): " + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in model.feature_seconds.items())
+          + f"; profile written to {p.out} "
           f"in {time.perf_counter() - start:.0f} s")
     return 0
 

@@ -8,7 +8,6 @@ of ``train.method``; `inference_seconds` times the selector's own forward (charg
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,29 +55,21 @@ def layout_for(tc, manifest: dict):
     return OutputLayout(tuple(methods), tuple(parse_action(a) for a in manifest["actions"]), tc.method == "auto")
 
 
-def inference_seconds(net, reps: int = 200, blocks: int = 5) -> float:
+def inference_seconds(net, reps: int = 200) -> float:
     """Seconds of one forward of ``net`` on one root (batch 1, CPU, inference mode, one thread, as the exported
-    runtime runs it), load-proof: the smallest of ``blocks`` medians of ``reps / blocks`` timed forwards. A busy
-    machine only adds time, so the quietest block's median is what a quiet decoder pays; one mean of in-process
-    timings read 0.24 ms on a quiet machine and 16 ms next to a decode (issue #43)."""
-    import numpy as np
+    runtime runs it), load-proof (`decoding.latency.quiet_seconds`)."""
     import torch
+
+    from decoding.latency import quiet_seconds
 
     xs = [torch.zeros(1, getattr(net, f"{n}_mean").shape[0]) for n in net.input_names]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    times = []
     try:
         with torch.inference_mode():
-            for _ in range(3):  # warm-up
-                net(*xs)
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                net(*xs)
-                times.append(time.perf_counter() - t0)
+            return quiet_seconds(lambda: net(*xs), reps)
     finally:
         torch.set_num_threads(threads)
-    return float(min(np.median(b) for b in np.array_split(np.array(times), blocks)))
 
 
 def training_data(cfg, chain: bool = False) -> TrainingData:

@@ -28,7 +28,8 @@ def toy_latency() -> LatencyModel:
     rows = np.array([1, 2, 3, 4])
     tokens = np.arange(1, 17)
     return LatencyModel(contexts, rows, 1e-3 * (2 * rows[None, :] + contexts[:, None] / 100), tokens,
-                        1e-3 * (10 + 2 * tokens[None, :] + contexts[:, None] / 10), 0.5e-3, {"machine": "toy"})
+                        1e-3 * (10 + 2 * tokens[None, :] + contexts[:, None] / 10),
+                        {"target_only": 0.3e-3, "paper": 0.5e-3}, {"machine": "toy"})
 
 
 def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8),

@@ -24,7 +24,7 @@ def toy(**changes) -> LatencyModel:
     d = {"contexts": contexts, "draft_rows": rows,
          "draft_seconds": 1e-3 * (rows[None, :] + contexts[:, None] / 100),
          "target_tokens": tokens, "target_seconds": 1e-3 * (base[None, :] + contexts[:, None] / 10),
-         "feature_seconds": 0.5e-3, "meta": {"machine": "test"}}
+         "feature_seconds": {"target_only": 0.5e-3, "paper": 0.6e-3}, "meta": {"machine": "test"}}
     d.update(changes)
     return LatencyModel(**d)
 
@@ -83,15 +83,15 @@ def test_counts_outside_the_profiled_range_are_an_error():
 
 
 def test_step_ratios_round_trip_and_malformed_ones_are_clear_errors():
-    ratios = StepRatios(1.2, 0.04, 200.0, {"tables": 0.9, "step": 0.2, "forward": 0.05, "node": 0.01},
+    ratios = StepRatios(1.2, 200.0, {"tables": 0.9, "step": 0.2, "forward": 0.05, "node": 0.01},
                         {"tables": 1.0, "step": 0.1, "node": 0.0})
     m = toy(step_ratios=ratios)
     back = LatencyModel.from_dict(json.loads(json.dumps(m.to_dict())))
     assert back.step_ratios == ratios
     assert toy().step_ratios == StepRatios()  # none measured: the tables alone
     assert StepRatios().tree_vector().tolist() == [1, 0, 0, 0] and StepRatios().chain_vector().tolist() == [1, 0, 0]
-    base = {"plain_scale": 1.0, "decide_ratio": 0.0, "context": 100}
-    for bad, fragment in (({"plain_scale": 1.0}, "needs plain_scale, decide_ratio and context"),
+    base = {"plain_scale": 1.0, "context": 100}
+    for bad, fragment in (({"plain_scale": 1.0}, "needs plain_scale and context"),
                           ({**base, "plain_scale": 0.0}, "positive"),
                           ({**base, "tree": {"tables": 1.0, "step": 0.1}}, "must map"),
                           ({**base, "chain": {"tables": 1.0, "step": -0.1, "node": 0.0}}, ">= 0"),
@@ -99,7 +99,7 @@ def test_step_ratios_round_trip_and_malformed_ones_are_clear_errors():
                           ([1.0], "must be a mapping")):
         with pytest.raises(LatencyProfileError, match=fragment):
             toy(step_ratios=bad)
-    old = {**m.to_dict(), "format_version": 2}  # a profile of the previous format: re-run profile
+    old = {**m.to_dict(), "format_version": 3}  # a profile of the previous format: re-run profile
     with pytest.raises(LatencyProfileError, match="re-run `branchpoint profile`"):
         LatencyModel.from_dict(old)
 
@@ -133,7 +133,8 @@ def test_save_load_round_trip(tmp_path):
     (lambda d: d["draft_seconds"][0].__setitem__(0, 0.0), r"draft_seconds\[0\]\[0\] = 0.0"),
     (lambda d: d.update(draft_rows=[2, 3, 4]), "draft_rows must start at 1"),
     (lambda d: d.update(contexts=[100, 400, 200]), "contexts must be strictly ascending"),
-    (lambda d: d.update(feature_seconds=-1), "feature_seconds must be finite and > 0"),
+    (lambda d: d.update(feature_seconds={"paper": -1}), r"feature_seconds\['paper'\] must be finite and > 0"),
+    (lambda d: d.update(feature_seconds=0.5e-3), "feature_seconds must map feature sets to seconds"),
     (lambda d: d.update(format_version=99), "re-run `branchpoint profile`"),
     (lambda d: d["draft_seconds"][2].pop(), "draft_seconds must be numbers in a regular"),
 ])

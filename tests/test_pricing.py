@@ -6,7 +6,7 @@ from test_latency import toy, tp, tq
 
 from decoding import pricing
 from decoding.actions import Action, ActionSpace
-from decoding.latency import StepRatios
+from decoding.latency import LatencyProfileError, StepRatios
 from decoding.policy import StepResult, StepTiming
 
 ACTIONS = [Action(1, 0, 0), Action(4, 0, 0), Action(1, 3, 0), Action(2, 0, 2), Action(3, 2, 1), Action(2, 2, 3)]
@@ -45,7 +45,7 @@ def test_fitted_ratios_price_a_step_as_a_line_in_its_terms_times_a_plain_step():
     """tables * model ratio + step + forward * F + node * N, times the plain step (tables' pass x plain_scale); the
     plain step stays 1x whatever the coefficients; the context dependence comes from the tables."""
     coef = {"tables": 0.9, "step": 0.2, "forward": 0.05, "node": 0.01}
-    m = toy(step_ratios=StepRatios(plain_scale=1.25, decide_ratio=0.0, context=200.0, tree=coef))
+    m = toy(step_ratios=StepRatios(plain_scale=1.25, context=200.0, tree=coef))
     forwards, nodes = _forwards_and_nodes()
     for c in (200, 400):
         plain = tp(c, 1) * 1.25
@@ -59,14 +59,16 @@ def test_fitted_ratios_price_a_step_as_a_line_in_its_terms_times_a_plain_step():
     np.testing.assert_array_equal(terms[2:, 3], nodes[2:])
 
 
-def test_deciding_costs_a_share_of_a_plain_step_plus_inference_and_paper_adds_the_root_draft_step():
-    m = toy(step_ratios=StepRatios(1.0, 0.05, 200.0))
+def test_deciding_costs_its_feature_seconds_plus_inference_and_paper_adds_the_root_draft_step():
+    m = toy(feature_seconds={"target_only": 2e-4, "paper": 7e-4})
     base = pricing.step_seconds(m, [150], ACTIONS)[0]
     target_only = pricing.step_seconds(m, [150], ACTIONS, None, "target_only", inference_seconds=1e-4)[0]
-    np.testing.assert_allclose(target_only - base, 0.05 * tp(150, 1) + 1e-4, rtol=1e-12)
+    np.testing.assert_allclose(target_only - base, 2e-4 + 1e-4, rtol=1e-12)
     paper = pricing.step_seconds(m, [150], ACTIONS, None, "paper")[0] - base
-    np.testing.assert_allclose(paper[:2], 0.05 * tp(150, 1) + tq(150, 1), rtol=1e-12)  # declining: the draft's root
-    np.testing.assert_allclose(paper[2:], 0.05 * tp(150, 1), rtol=1e-12)
+    np.testing.assert_allclose(paper[:2], 7e-4 + tq(150, 1), rtol=1e-12)  # declining: the draft's root
+    np.testing.assert_allclose(paper[2:], 7e-4, rtol=1e-12)
+    with pytest.raises(LatencyProfileError, match="no feature cost for feature set 'paper'"):
+        pricing.step_seconds(toy(feature_seconds={"target_only": 2e-4}), [150], ACTIONS, None, "paper")
 
 
 def test_each_method_pays_its_own_verification_beyond_traversal_method_major():
@@ -91,7 +93,7 @@ def test_per_root_lengths_are_priced_once_per_distinct_length_in_their_order():
 
 
 def test_lookup_chains_are_one_target_pass_of_1_plus_n_tokens_in_the_fitted_line():
-    m = toy(step_ratios=StepRatios(1.0, 0.0, 100.0, chain={"tables": 1.1, "step": 0.05, "node": 0.02}))
+    m = toy(step_ratios=StepRatios(1.0, 100.0, chain={"tables": 1.1, "step": 0.05, "node": 0.02}))
     got = pricing.lookup_seconds(m, [100], [1, 3])[0]
     assert got[0] == pytest.approx(tp(100, 1) * (1.1 * tp(100, 2) / tp(100, 1) + 0.05 + 0.02))
     assert got[1] == pytest.approx(tp(100, 1) * (1.1 * tp(100, 4) / tp(100, 1) + 0.05 + 0.06))
@@ -107,8 +109,8 @@ def test_decide_is_argmax_of_predicted_over_seconds_over_valid_outputs():
 
 
 def test_a_decoded_step_is_priced_by_its_class():
-    m = toy(step_ratios=StepRatios(1.0, 0.1, 100.0, chain={"tables": 1.0, "step": 0.2, "node": 0.0}), verify_seconds={
-        "traversal": {"1,3,0": 1e-4}, "naive": {"1,3,0": 2e-4}})
+    m = toy(step_ratios=StepRatios(1.0, 100.0, chain={"tables": 1.0, "step": 0.2, "node": 0.0}), verify_seconds={
+        "traversal": {"1,3,0": 1e-4}, "naive": {"1,3,0": 2e-4}}, feature_seconds={"target_only": 3e-4})
     timing = StepTiming(0.05, 0.01, 0.03)
 
     def step(action, method=None, lookup=False, selected=False):
@@ -121,7 +123,7 @@ def test_a_decoded_step_is_priced_by_its_class():
     plain = tp(100, 1)
     assert pricing.price_step(m, step(Action(1, 0, 0))) == pytest.approx(plain)
     assert pricing.price_step(m, step(Action(1, 0, 0), selected=True), "target_only", 1e-4) == pytest.approx(
-        plain * 1.1 + 1e-4)
+        plain + 3e-4 + 1e-4)
     assert pricing.price_step(m, step(chain, "naive", lookup=True, selected=True), "target_only") == pytest.approx(
         tp(100, 4) + 0.2 * plain)  # a lookup chain of 3: a pass of 4 tokens plus the fitted step; no deciding
     drafted = pricing.step_seconds(m, [100], [chain], ["naive"])[0, 0]

@@ -234,14 +234,13 @@ def test_auto_layout_is_method_major(collected):
     ds = load_collected(collected)
     np.testing.assert_allclose(data.labels[:, lay.method_outputs("specinfer")], label_matrix(ds, "specinfer"))
     np.testing.assert_allclose(data.cost[:, :A], data.cost[:, A:])  # the same action costs the same
-    # the selector's cost includes deciding (a share of a plain step, none in this toy profile, and its inference;
-    # paper features: the root's draft step for AR); static costs do not
+    # the selector's cost includes deciding (its features' seconds from the profile, and its inference; paper
+    # features: the root's draft step for AR); static costs do not
     ar = SPACE.index(Action(1, 0, 0))
     lat = toy_latency()
     l0 = int(data.context_length[0])
-    assert lat.step_ratios.decide_ratio == 0.0
-    assert data.cost[0, ar] == pytest.approx(data.cost_static[0, ar] + data.meta["inference_seconds"]
-                                             + float(lat.t_q(l0, 1)))
+    assert data.cost[0, ar] == pytest.approx(data.cost_static[0, ar] + lat.feature_seconds["paper"]
+                                             + data.meta["inference_seconds"] + float(lat.t_q(l0, 1)))
     assert OutputLayout.from_dict(lay.to_dict()) == lay
     with pytest.raises(ValueError, match="exactly one method"):
         OutputLayout(("a", "b"), tuple(SPACE), auto=False)

@@ -16,7 +16,7 @@ class ProfileConfig:
     target_tokens: list[int] = field(default_factory=lambda: [*range(1, 17), 20, 24, 32, 40])
     repeats: int = 5  # timed rounds per grid cell (the profile holds their mean)
     warmup: int = 2  # untimed rounds first (with 1 the first context's draft steps read 40% slow)
-    feature_repeats: int = 50  # timed runs of the feature computation
+    feature_repeats: int = 200  # timed runs of deciding's features per feature set (quietest of 5 blocks)
     # whole decoded steps as ratios to plain steps of the same interleaved rounds (data_collection.step_prices; what
     # decoding/pricing.py prices with): rounds (0 = the tables alone price steps), tokens per decode, the context
     # lengths the rounds decode from (cycled), and the lookup chain lengths measured
