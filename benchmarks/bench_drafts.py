@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.drafts or [cfg.model.draft]:
         kind = parse_spec(spec)[0]
         print(f"{kind}: measuring {spec}")
-        draft = load_draft(spec, target, tokenizer, cfg.model.target, (pair.device, pair.dtype),
+        draft = load_draft(spec, target, tokenizer, cfg.model.target, pair.dtype,
                            cfg.model.cache_dir)
         row = {"draft": spec, **_row(cfg, target, tokenizer, draft, test, latency, context)}
         collect = Path(args.collect_metrics)

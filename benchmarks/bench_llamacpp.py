@@ -12,7 +12,7 @@ same number of new tokens, sampling at temperature 1 from the whole distribution
 rounds interleave the two prompt by prompt so that a slow phase of the machine hits both. Per prompt:
 decode tokens/s = (tokens - 1) / (seconds after the first token), so the prefill is excluded on both sides.
 Also llama.cpp's prompt lookup decoding (llama-cpp-python's ``LlamaPromptLookupDecoding``, 4 tokens), next to
-our prompt lookup policy (`decoding.lookup`, ``lookup:4``). Bytes read per step: the weights a plain step reads
+our prompt lookup policy (`policies.lookup`, ``lookup:4``). Bytes read per step: the weights a plain step reads
 (ours: `models.quantized.linear_bytes` of the target as the pipeline loads it, ``model.backend: auto``; llama.cpp:
 the GGUF's tensor data), and the GB/s that implies.
 
@@ -83,9 +83,9 @@ def ours_decoder(threads: int):
 
     from decoding.engine import SpeculativeDecoder
     from decoding.sampling import Sampling
-    from export.policies import build_policy
     from models.loading import Placement, load_model, load_tokenizer
     from models.quantized import backend_of, linear_bytes
+    from policies.registry import build_policy
 
     torch.set_num_threads(threads)
     model = load_model(TARGET, torch.device("cpu"), torch.float32, placement=Placement(backend="auto"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 RESULTS = Path(__file__).parent / "results" / "pricing.json"
-POLICIES = {  # name -> registry spec (export/policies.py)
+POLICIES = {  # name -> registry spec (policies/registry.py)
     "autoregressive": {"name": "autoregressive"},
     "static:traversal:2,0,1": {"name": "static", "action": "2,0,1", "method": "traversal"},
     "static:traversal:3,0,1": {"name": "static", "action": "3,0,1", "method": "traversal"},
@@ -48,15 +48,14 @@ def measure_profile(cfg, target, draft, vocab, tokenizer, quick: bool):
 
     from data_collection.profile import Grid, TimedPair, profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
-    from data_collection.step_prices import PriceRounds, measure_step_ratios
-    from decoding.features import FeatureSchema
+    from data_collection.step_prices import PriceRounds, measure_step_ratios, time_deciding
 
     p = cfg.profile
     ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), max(p.contexts))
     grid = Grid(p.contexts, p.draft_rows, p.target_tokens, 2 if quick else p.repeats, 1 if quick else p.warmup)
-    model = profile_pair(TimedPair(target, draft, vocab), ids, grid, 10)
-    schema = FeatureSchema.for_pair("target_only", target.config.hidden_size, target.config.hidden_size)
-    plan = PriceRounds(p.lookup_lengths, schema, p.price_tokens, 2 if quick else p.price_rounds)
+    model = profile_pair(TimedPair(target, draft, vocab), ids, grid)
+    model = dataclasses.replace(model, feature_seconds=time_deciding(TimedPair(target, draft, vocab), ids, model))
+    plan = PriceRounds(p.lookup_lengths, p.price_tokens, 2 if quick else p.price_rounds)
     ratios, by_class = measure_step_ratios(TimedPair(target, draft, vocab), [tile_ids(ids, c) for c in p.price_contexts],
                                            model, list(cfg.actions.space()), plan, progress="step prices")
     return dataclasses.replace(model, step_ratios=ratios, meta={**model.meta, "step_ratios_by_class": by_class})
@@ -68,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     from decoding.files import write_json_atomic
     from decoding.latency import LatencyModel
     from evaluation.audit import audit_table, pricing_audit
-    from evaluation.online import DecodePlan, EvalPolicy, Progress, decode_units
-    from export.policies import build_policy
+    from evaluation.online import DecodePlan, Progress, decode_units
     from pipeline.config import load_config
     from pipeline.profile import load_profiled_pair
+    from policies.registry import build_policy
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 prompts x 24 tokens, a smaller profile")
@@ -87,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     latency = LatencyModel.load(args.latency) if args.latency else measure_profile(cfg, target, draft, vocab, tokenizer,
                                                                                    args.quick)
     profile_seconds = time.perf_counter() - start
-    built = {name: build_policy(spec["name"], spec) for name, spec in POLICIES.items()}
-    policies = [EvalPolicy(name, name.split(":")[0], b.method, b.policy) for name, b in built.items()]
+    policies = [build_policy(spec["name"], spec).named(name) for name, spec in POLICIES.items()]
     from decoding.engine import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(target, draft, vocab)

@@ -63,7 +63,7 @@ def load_backends(cfg, backends):
     for backend in backends:
         target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, Placement(backend=backend))
         try:
-            draft = load_draft(cfg.model.draft, target, tok, cfg.model.target, (device, dtype), cfg.model.cache_dir)
+            draft = load_draft(cfg.model.draft, target, tok, cfg.model.target, dtype, cfg.model.cache_dir)
         except Exception as e:  # the artifact is built by stage train_draft
             td = cfg.train_draft
             print(f"{cfg.model.draft} unavailable ({str(e).splitlines()[0][:100]}): an untrained self-draft of its "

@@ -61,7 +61,7 @@ class RootFeatures:
     # values computed from these fields, shared by every selector asked at this root (`vectorize` computes the
     # entropy of p_prev once); hand it on with the same rows only
     memo: dict = field(default_factory=dict, repr=False, compare=False)
-    # token ids up to and including the root (the decoder fills it; `decoding.lookup` reads it)
+    # token ids up to and including the root (the decoder fills it; `policies.lookup` reads it)
     context: Sequence[int] | None = field(default=None, repr=False, compare=False)
 
 

@@ -8,7 +8,7 @@ reports. ``step_seconds`` is the one name for the seconds of one step; means are
 Step classes (what a step is priced as):
 - *plain*: no tree, one target pass on the root (autoregressive, or a declined step);
 - *drafted* ``(method, action)``: the draft's forwards for the action's tree, one target pass, verification;
-- *lookup* ``n``: a chain of n tokens copied from the context (`decoding.lookup`): one target pass, no draft.
+- *lookup* ``n``: a chain of n tokens copied from the context (`policies.lookup`): one target pass, no draft.
 
 The price of a step at context length c (tokens before the root) is a ratio to a plain step at the same
 context, linear in a few terms of its shape, with coefficients fitted on whole decoded steps

@@ -2,21 +2,21 @@
 numbers of the same static policies from labels (the stage ``branchpoint evaluate``).
 
 Terms:
-- a *policy* (`EvalPolicy`): what decides each step's tree shape and method: autoregressive; *chain*
-  speculative decoding (``naive`` on K = 1 chains) with its best static length; a method with its *best
+- a *policy* (`policies.registry.BuiltPolicy`, built by the registry, named for the metrics): what decides each step's
+  tree shape and method: autoregressive; *chain* speculative decoding (``naive`` on K = 1 chains) with its best static length; a method with its *best
   static* action; an exported selector (``auto``: it picks method and action, or restricted to one method).
 - *best static*: the speculating action (tree size >= 1) of the highest path TPS on the TRAIN roots'
   labels with the latency model's step times (`throughput.best_static`; ALGORITHMS.md section 6). The
   chain's labels are those of a collected method that verifies a chain as naive (standard speculative sampling;
   `claims.chain_source`, from the registry's `chain_equivalent_methods()`) on K = 1 chains.
 - *adaptive chain* (`ADAPTIVE_CHAIN`): ``naive`` chains whose length follows a moving average of recent
-  accepted lengths (`decoding.policy.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
+  accepted lengths (`policies.adaptive_chain.AdaptiveChain`, SGLang / vLLM style), started at the chain's best
   static length, at most the grid's longest chain.
 - *threshold chain* (`THRESHOLD_CHAIN`): the confidence-threshold dynamic chain of HF assisted generation
-  (`decoding.threshold_chain.ThresholdChain`: draft up to N tokens, stop below a top-1 probability), ``naive``,
+  (`policies.threshold_chain.ThresholdChain`: draft up to N tokens, stop below a top-1 probability), ``naive``,
   with N and the threshold tuned on TRAIN prompts (`tune_threshold_chain`: highest tokens/s of a small grid).
 - *prompt lookup* (`PROMPT_LOOKUP`): prompt lookup decoding (HF transformers' ``prompt_lookup_num_tokens``;
-  `decoding.lookup`): a chain copied from the context after the longest matching suffix, no draft model, a plain
+  `policies.lookup`): a chain copied from the context after the longest matching suffix, no draft model, a plain
   step where nothing matched; ``naive``; the chain's length and the shortest suffix tuned on TRAIN prompts
   (`tune_prompt_lookup`). The selector is also decoded with the same lookup first (``<selector>:lookup``): where a
   lookup matched it verifies that chain, elsewhere the selector decides.
@@ -41,9 +41,8 @@ import numpy as np
 from decoding import pricing, throughput
 from decoding.actions import AR_ACTION, AUTOREGRESSIVE, Action, ActionSpace
 from decoding.latency import LatencyModel
-from decoding.policy import LOOKUP_TAG
 from decoding.sampling import Sampling
-from export.policies import CHAIN_METHOD, build_policy
+from policies.registry import CHAIN_METHOD, BuiltPolicy, build_policy
 
 from .claims import chain_source
 
@@ -52,27 +51,15 @@ ADAPTIVE_CHAIN = "adaptive_chain"
 THRESHOLD_CHAIN = "threshold_chain"
 PROMPT_LOOKUP = "prompt_lookup"
 BEST_STATIC = "best_static"
+LOOKUP_FIRST = "lookup"  # the suffix of a policy decoded behind prompt lookup's rule ("selector:auto:lookup")
 
 
-@dataclass
-class EvalPolicy:
-    name: str  # metrics key: autoregressive | chain | static:<method> | selector:auto | selector:<method>
-    kind: str  # autoregressive | chain | static | adaptive_chain | threshold_chain | prompt_lookup | selector
-    method: str  # the decoder's method argument (a selector's Choice overrides it per step)
-    policy: object  # a `decoding.policy.Policy` (or an Action)
-    action: str | None = None  # the static action, "K,L1,L2"
-    features: str | None = None  # the feature set a selector decides with (what deciding costs; None: no features)
-    inference_seconds: float = 0.0  # a selector's own forward time per decided step
-
-
-def selector_policy(name: str, spec: dict, lookup: dict | None = None) -> EvalPolicy:
-    """The selector of ``spec`` (`export.policies`: ``folder``, ``latency``, ``methods``), behind prompt lookup when
-    ``lookup`` (``length``, ``min_ngram``) is given."""
+def selector_policy(name: str, spec: dict, lookup: dict | None = None) -> BuiltPolicy:
+    """The selector of ``spec`` (`policies.registry`: ``folder``, ``latency``, ``methods``), behind prompt lookup when
+    ``lookup`` (``length``, ``min_ngram``) is given; reported as a selector either way."""
     built = build_policy("prompt_lookup", {**lookup, "fallback": {"name": "selector", **spec}}) if lookup else \
         build_policy("selector", spec)
-    runtime = built.policy.fallback if lookup else built.policy
-    return EvalPolicy(name, "selector", built.method, built.policy, None, runtime.feature_set,
-                      runtime.inference_seconds)
+    return built.named(name, "selector")
 
 
 def static_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray,
@@ -99,31 +86,32 @@ def best_statics(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], space:
     return out
 
 
-def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]]) -> EvalPolicy:
+def adaptive_chain_policy(space: ActionSpace, statics: dict[str, tuple[str, int]]) -> BuiltPolicy:
     """The adaptive chain over the grid's chains (``K = 1, L2 = 0``), started at the best static chain's length."""
-    from decoding.policy import AdaptiveChain
-
     lengths = [a.L1 for a in space if a.is_chain and a.tree_size > 0]
     if not lengths:
         raise ValueError("the action grid has no chain (K = 1, L2 = 0, L1 >= 1) for the adaptive chain")
     start = space[statics[CHAIN_STATIC][1]].L1 if CHAIN_STATIC in statics else min(lengths)
-    policy = AdaptiveChain(max(lengths), min(max(start, 1), max(lengths)))
-    return EvalPolicy(ADAPTIVE_CHAIN, "adaptive_chain", CHAIN_METHOD, policy)
+    return build_policy(ADAPTIVE_CHAIN, {"max_length": max(lengths), "initial": min(max(start, 1), max(lengths))})
 
 
-def threshold_chain_policy(max_length: int, threshold: float, name: str = THRESHOLD_CHAIN) -> EvalPolicy:
-    built = build_policy("threshold_chain", {"max_length": max_length, "threshold": threshold})
-    return EvalPolicy(name, THRESHOLD_CHAIN, built.method, built.policy)
+def threshold_chain_policy(max_length: int, threshold: float, name: str = THRESHOLD_CHAIN) -> BuiltPolicy:
+    return build_policy(THRESHOLD_CHAIN, {"max_length": max_length, "threshold": threshold}).named(name)
 
 
-def prompt_lookup_policy(length: int, min_ngram: int, name: str = PROMPT_LOOKUP) -> EvalPolicy:
-    """Prompt lookup decoding alone (`export.policies`: a lookup chain where a suffix of ``min_ngram`` to
-    `decoding.lookup.MAX_NGRAM` tokens matched, verified by ``naive``; a plain step elsewhere)."""
-    built = build_policy("prompt_lookup", {"length": length, "min_ngram": min_ngram})
-    return EvalPolicy(name, PROMPT_LOOKUP, built.method, built.policy)
+def static_policy(name: str, method: str, action: Action) -> BuiltPolicy:
+    """A method's static action, reported as ``chain`` when it is the chain's static (`CHAIN_STATIC`)."""
+    built = build_policy("static", {"action": str(action), "method": method})
+    return built.named(name, CHAIN_STATIC if name == CHAIN_STATIC else "static")
 
 
-def _tune(decoder, units: Sequence, grid: Sequence[tuple[dict, EvalPolicy]], max_new_tokens: int,
+def prompt_lookup_policy(length: int, min_ngram: int, name: str = PROMPT_LOOKUP) -> BuiltPolicy:
+    """Prompt lookup decoding alone (`policies.registry`: a lookup chain where a suffix of ``min_ngram`` to
+    `policies.lookup.MAX_NGRAM` tokens matched, verified by ``naive``; a plain step elsewhere)."""
+    return build_policy(PROMPT_LOOKUP, {"length": length, "min_ngram": min_ngram}).named(name)
+
+
+def _tune(decoder, units: Sequence, grid: Sequence[tuple[dict, BuiltPolicy]], max_new_tokens: int,
           warmup: bool) -> dict:
     """Decode ``units`` (TRAIN prompts, seed 0) with every grid point's policy, each unit by all points in a rotated
     order (`decode_units`); returns the grid (its parameters, tokens, seconds, tokens/s) and the parameters of the
@@ -188,7 +176,7 @@ def offline_tps(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], statics
     return out
 
 
-def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter, priced: dict) -> dict:
+def _run_record(unit, seed: int, policy: BuiltPolicy, stats, choices: Counter, priced: dict) -> dict:
     return {"policy": policy.name, "prompt_id": unit.prompt_id, "source": unit.source,
             "temperature": float(unit.temperature), "top_p": float(unit.top_p), "seed": int(seed),
             "tokens": int(stats.new_tokens), "seconds": float(stats.time_total), "emitted": int(stats.emitted),
@@ -200,16 +188,11 @@ def _run_record(unit, seed: int, policy: EvalPolicy, stats, choices: Counter, pr
 
 
 def step_choices(steps: Sequence) -> Counter:
-    """How often one run's steps (`decoding.policy.StepResult`) took each (method, action)."""
-    choices: Counter = Counter()
-    for step in steps:
-        empty = step.action.tree_size == 0
-        tag = f"+{LOOKUP_TAG}" if step.lookup else ""
-        choices[AUTOREGRESSIVE if empty else f"{step.method}:{step.action}{tag}"] += 1
-    return choices
+    """How often one run's steps (`decoding.policy.StepResult`) took each step class (`decoding.pricing.step_class`)."""
+    return Counter(pricing.step_class(step.action, step.method, step.lookup) for step in steps)
 
 
-def priced(steps: Sequence, policy: EvalPolicy, latency: LatencyModel | None) -> dict[str, list[float]]:
+def priced(steps: Sequence, policy: BuiltPolicy, latency: LatencyModel | None) -> dict[str, list[float]]:
     """Per step class (`decoding.pricing.step_class`) of one run's steps: ``[steps, measured seconds (prefill
     excluded), modelled seconds]`` (`decoding.pricing.price_step`, with what deciding costs ``policy``); {} without a
     profile."""
@@ -231,7 +214,7 @@ class DecodePlan:
     warmup: bool = True
 
 
-def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], plan: DecodePlan,
+def decode_units(decoder, units: Sequence, policies: Sequence[BuiltPolicy], plan: DecodePlan,
                  progress: Callable[[int, int], None] | None = None, latency: LatencyModel | None = None) -> list[dict]:
     """Every policy decodes every (unit, seed) with `SpeculativeDecoder.generate`; one record per run (each step
     priced by ``latency`` when given: `priced`)."""
@@ -245,8 +228,7 @@ def decode_units(decoder, units: Sequence, policies: Sequence[EvalPolicy], plan:
     for k, (u, seed) in enumerate((u, s) for u in units for s in seeds):
         order = list(policies[k % len(policies):]) + list(policies[: k % len(policies)])
         for p in order:
-            if not isinstance(p.policy, Action):  # a stateful policy starts every run fresh
-                p.policy.reset()
+            p.policy.reset()  # a stateful policy starts every run fresh
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
                                    Sampling(u.temperature, u.top_p), int(seed))
             runs.append(_run_record(u, seed, p, res.stats, step_choices(res.steps), priced(res.steps, p, latency)))
@@ -272,7 +254,7 @@ def depth_acceptance(runs: Sequence[dict]) -> dict[str, list[float]]:
 
 
 def chosen(runs: Sequence[dict], policy: str) -> dict[str, float]:
-    """Fraction of the policy's steps per ``method:action`` (an empty tree counts as ``autoregressive``)."""
+    """Fraction of the policy's steps per step class (`decoding.pricing.step_class`)."""
     counts: Counter = Counter()
     for r in runs:
         if r["policy"] == policy:
@@ -283,7 +265,7 @@ def chosen(runs: Sequence[dict], policy: str) -> dict[str, float]:
 
 def choices_by(runs: Sequence[dict], policy: str, column: str, top: int = 3) -> dict[str, dict]:
     """Per value of ``column`` (temperature, source): where the policy speculates (fraction of its steps with
-    a tree), its ``top`` most used ``method:action`` with their share of steps, and its steps."""
+    a tree), its ``top`` most used step classes with their share of steps, and its steps."""
     by: dict[str, Counter] = {}
     for r in runs:
         if r["policy"] == policy:
@@ -293,7 +275,7 @@ def choices_by(runs: Sequence[dict], policy: str, column: str, top: int = 3) -> 
         total = sum(counts.values())
         if not total:
             continue
-        out[value] = {"steps": int(total), "speculate_fraction": 1.0 - counts.get(AUTOREGRESSIVE, 0) / total,
+        out[value] = {"steps": int(total), "speculate_fraction": 1.0 - counts.get(pricing.PLAIN, 0) / total,
                       "top": {k: v / total for k, v in counts.most_common(top)}}
     return out
 

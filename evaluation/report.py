@@ -8,7 +8,7 @@ Plot data (``evaluate.plots``; the plot definitions are the top-level ``plots:``
 - ``acceptance_by_depth.csv``: depth and the per-depth acceptance of the chain, Traversal's best static and the
   selector (its ``auto`` policy, or its one method) online, and of the chain from the labels (fixed column
   names; empty where a policy is absent);
-- ``chosen_actions.csv``: that selector policy's share of steps per ``method:action``.
+- ``chosen_actions.csv``: that selector policy's share of steps per step class (`decoding.pricing.step_class`).
 The report (``evaluate.report``) shows the same data as PNGs in ``figures/`` next to it, the evaluation table,
 the online-vs-offline comparison, the pricing audit (`evaluation.audit`) and the findings.
 """

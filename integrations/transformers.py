@@ -9,7 +9,7 @@ Pieces:
 
 - `SelectorCandidateGenerator`, a transformers ``CandidateGenerator``: before each target pass it asks the
   selector for n and drafts n tokens with `AssistantDrafter`; with ``lookup`` it first tries a prompt lookup
-  chain (`decoding.lookup.propose`, no draft forward) where the context repeats, as our headline does. The
+  chain (`policies.lookup.propose`, no draft forward) where the context repeats, as our headline does. The
   selector's inputs come from what ``generate()`` already has: the target's last hidden state at the token
   before the root (the target pass of the step before, ``output_hidden_states``), the root token's input
   embedding, the entropy of the target's distribution at that position after ``generate()``'s logits
@@ -46,11 +46,11 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from decoding.errors import UserInputError
 from decoding.features import RootFeatures
-from decoding.lookup import MAX_NGRAM, propose
 from decoding.sampling import Sampling
-from export.policies import build_policy
 from export.runtime import SelectorRuntime, read_sidecar
 from models.hf_compat import cache_kwargs
+from policies.lookup import MAX_NGRAM, propose
+from policies.registry import build_policy
 
 CHAIN_KIND = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
 HOOKS = ("_assisted_decoding", "_get_candidate_generator")  # the private names of transformers used here

@@ -314,16 +314,16 @@ def load_pair(
     target = load_model(target_spec, dev, dt, cache_dir, placement)
     if placement.device_map is not None:
         dev = input_device(target)
-    draft = load_draft(draft_spec, target, tokenizer, target_spec, (dev, dt), cache_dir)
+    draft = load_draft(draft_spec, target, tokenizer, target_spec, dt, cache_dir)
     vocab = common_vocab_size(target, draft, tokenizer)
     return LMPair(target, draft, tokenizer, vocab, dev, dt, target_spec, draft_spec)
 
 
-def load_draft(draft_spec: str, target: torch.nn.Module, tokenizer, target_spec: str,
-               on: tuple[torch.device, torch.dtype], cache_dir: str | Path = DEFAULT_CACHE_DIR) -> torch.nn.Module:
+def load_draft(draft_spec: str, target: torch.nn.Module, tokenizer, target_spec: str, dtype: torch.dtype,
+               cache_dir: str | Path = DEFAULT_CACHE_DIR) -> torch.nn.Module:
     """The draft of ``draft_spec`` for a loaded ``target``: a trained draft on top of it, the target itself when
-    both specs are equal, else its own model on ``on = (device, dtype)`` (its tokenizer checked against
-    ``tokenizer``)."""
+    both specs are equal, else its own model in ``dtype`` on the target's input device (`input_device`; its
+    tokenizer checked against ``tokenizer``)."""
     scheme, rest = parse_spec(draft_spec)
     if scheme == "self_draft":
         from models.self_draft import load_self_draft
@@ -335,4 +335,6 @@ def load_draft(draft_spec: str, target: torch.nn.Module, tokenizer, target_spec:
         return load_eagle_draft(target, rest)
     cache_dir = Path(cache_dir)
     check_tokenizers_match(tokenizer, load_tokenizer(draft_spec, cache_dir), target_spec, draft_spec)
-    return target if draft_spec == target_spec else load_model(draft_spec, *on, cache_dir)
+    if draft_spec == target_spec:
+        return target
+    return load_model(draft_spec, input_device(target), dtype, cache_dir)

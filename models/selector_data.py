@@ -130,13 +130,19 @@ def _column(columns, name: str, dtype) -> np.ndarray:
     return np.stack([np.asarray(v, dtype=dtype) for v in arr]) if len(arr) else np.zeros((0,), dtype)
 
 
-def build_selector_data(columns, labels: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray] | None],
-                        schema: FeatureSchema, layout: OutputLayout, latency,
+@dataclass(frozen=True)
+class Labels:
+    """The collected labels per method: Ê ``[N, A]`` and its standard errors (None: unknown, taken as 0)."""
+
+    estimate: Mapping[str, np.ndarray]
+    se: Mapping[str, np.ndarray] | None = None
+
+
+def build_selector_data(columns, labels: Labels, schema: FeatureSchema, layout: OutputLayout, latency,
                         inference_seconds: float = 0.0) -> SelectorData:
     """`SelectorData` from a collected dataset's columns (``columns[name]`` -> array, e.g.
-    ``datasets.Dataset.with_format("numpy")``) and ``labels = (Ê, standard errors or None)``, each per method
-    (``[N, A]`` each)."""
-    labels, label_se = labels
+    ``datasets.Dataset.with_format("numpy")``) and its `Labels`."""
+    labels, label_se = labels.estimate, labels.se
     missing = [m for m in layout.methods if m not in labels]
     if missing:
         raise SelectorDataError(f"no labels for methods {missing}; the dataset has {sorted(labels)}")

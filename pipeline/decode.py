@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "this machine) instead of the one the selector was trained with")
     parser.add_argument("--lookup", type=int, default=0, metavar="N",
                         help="prompt lookup first: where the context's last tokens occurred earlier, verify the (up to N) "
-                             "tokens that followed them, with no draft work (decoding/lookup.py); elsewhere the "
+                             "tokens that followed them, with no draft work (policies/lookup.py); elsewhere the "
                              "selector, the static action or (with --method autoregressive) a plain step decides")
     parser.add_argument("--lookup-ngram", type=int, default=1, metavar="G",
                         help="with --lookup: the shortest suffix of the context that must have occurred before "
@@ -42,30 +42,21 @@ def _pick(flag, default):
     return default if flag is None else flag
 
 
-NO_TREE = "none"  # the method count of steps that drafted nothing (an autoregressive step inside the loop)
+def steps_used(stats) -> dict[str, int]:
+    """Steps per step class (`decoding.pricing.step_class`: ``plain``, ``lookup:n``, ``<method>:K,L1,L2``), most
+    used first."""
+    return dict(sorted(stats.classes.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def steps_used(stats) -> dict:
-    """What the steps actually used: ``{"methods": {method: steps}, "actions": {"K,L1,L2": steps}}``, most used
-    first; steps whose action drafted no tree count under method ``"none"`` (no verification ran)."""
-    methods = dict(stats.methods)
-    no_tree = stats.steps - sum(methods.values())
-    if no_tree:
-        methods[NO_TREE] = no_tree
-    order = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))  # noqa: E731
-    return {"methods": order(methods), "actions": order(dict(stats.actions))}
-
-
-def used_label(used: dict) -> str:
-    """One line: ``methods specinfer 12, none 30; actions 1,0,0 30, 2,1,2 12`` (steps per method and action)."""
-    fmt = lambda d: ", ".join(f"{k} {v}" for k, v in d.items()) or "-"  # noqa: E731
-    return f"methods {fmt(used['methods'])}; actions {fmt(used['actions'])}"
+def used_label(used: dict[str, int]) -> str:
+    """One line: ``plain 30, specinfer:2,1,2 12``."""
+    return ", ".join(f"{k} {v}" for k, v in used.items()) or "-"
 
 
 def check_lookup(args) -> None:
     """``--lookup`` / ``--lookup-ngram`` in range, before anything is loaded."""
     from decoding.errors import UserInputError
-    from decoding.lookup import MAX_NGRAM
+    from policies.lookup import MAX_NGRAM
 
     if args.lookup < 0 or not 1 <= args.lookup_ngram <= MAX_NGRAM:
         raise UserInputError(f"--lookup must be >= 0 (0 = off) and --lookup-ngram in [1, {MAX_NGRAM}], not "
@@ -97,11 +88,11 @@ def check_inputs(cfg, args, draft_spec: str) -> None:
 
 
 def build(cfg, args):
-    """``(policy, method, action)``: the run's policy from the registry (`export.policies.build_policy`): the static
+    """``(policy, method, action)``: the run's policy from the registry (`policies.registry.build_policy`): the static
     action, or the selector; behind prompt lookup with ``--lookup``."""
     from decoding.actions import AUTOREGRESSIVE, parse_action
     from decoding.verifiers import get_method
-    from export.policies import build_policy
+    from policies.registry import build_policy
 
     check_lookup(args)
     method = _pick(args.method, cfg.decode.method)
@@ -151,7 +142,7 @@ def run(cfg, args) -> int:
     used = steps_used(result.stats)
     static = policy.fixed_action is not None
     if not static:  # the policy chose each step's method: name what ran, not the default
-        result.stats.method = "selector (" + ", ".join(m for m in used["methods"]) + ")"
+        result.stats.method = "selector (" + ", ".join(dict.fromkeys(k.split(":")[0] for k in used)) + ")"
     print(f"pair: target {pair.target_spec}, draft {'-' if no_draft else draft_spec}, "
           f"{pair.device}, {str(pair.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads "
           f"(loaded in {load_s:.1f} s)")
@@ -169,11 +160,9 @@ def run(cfg, args) -> int:
 
 
 def _write_json(path: str, run: dict, sampling, stats) -> None:
-    """The run, its sampling and statistics, with the steps per method and action (`steps_used`), atomically."""
+    """The run, its sampling and statistics, with the steps per step class (`steps_used`), atomically."""
     from decoding.files import write_json_atomic
 
-    used = steps_used(stats)
-    write_json_atomic(path, {**run, "used": used,
+    write_json_atomic(path, {**run, "used": steps_used(stats),
                              "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p},
-                             "stats": stats.to_dict() | {"methods": used["methods"], "actions": used["actions"]}},
-                      sort_keys=False)
+                             "stats": stats.to_dict()}, sort_keys=False)

@@ -14,7 +14,7 @@ MLflow run tagged ``stage=evaluate``. Steps:
    and the one of the highest TRAIN TPS over every labelled method (``best_static``, the hardware-aware best static
    tree), prompt lookup (tuned on TRAIN prompts), the selector (``auto`` and restricted to each of
    ``evaluate.selector_methods``, priced with ``profile.out``) and the selector behind prompt lookup (the headline);
-   every policy built by the registry (`export.policies`);
+   every policy built by the registry (`policies.registry`);
 3. ``evaluate.prompts`` TEST prompts x ``evaluate.seeds`` decoded by every policy (`decode_units`), every step priced
    by `decoding.pricing` next to its measured seconds: the pricing audit (`evaluation.audit`);
 4. tokens/s and block efficiency with paired bootstrap intervals, ratios to autoregressive, Traversal's
@@ -31,7 +31,6 @@ from pathlib import Path
 
 from decoding.errors import UserInputError
 from decoding.files import write_json_atomic
-from decoding.policy import LOOKUP_TAG
 
 SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "export", "evaluate")  # the params sections it loads
 
@@ -139,30 +138,24 @@ def with_lookup(cfg, policies: list, tuning: dict | None) -> list:
     out = [*policies[:at], oe.prompt_lookup_policy(lookup["length"], lookup["min_ngram"]), *policies[at:]]
     selector = next((p for p in policies if p.kind == "selector"), None)
     if selector is not None:
-        out.append(oe.selector_policy(f"{selector.name}:{LOOKUP_TAG}", _selector_spec(cfg), lookup))
+        out.append(oe.selector_policy(f"{selector.name}:{oe.LOOKUP_FIRST}", _selector_spec(cfg), lookup))
     return out
 
 
 def evaluated_policies(cfg, statics, space, with_selector: bool):
-    from evaluation.online import (
-        AR_ACTION,
-        AUTOREGRESSIVE,
-        EvalPolicy,
-        adaptive_chain_policy,
-        selector_policy,
-    )
+    from evaluation.online import adaptive_chain_policy, selector_policy, static_policy
+    from policies.registry import build_policy
 
-    policies = [EvalPolicy(AUTOREGRESSIVE, "autoregressive", AUTOREGRESSIVE, AR_ACTION)]
+    policies = [build_policy("autoregressive")]
     for name, (method, a) in statics.items():
-        policies.append(EvalPolicy(name, "chain" if name == "chain" else "static", method, space[a], str(space[a])))
+        policies.append(static_policy(name, method, space[a]))
     if cfg.evaluate.adaptive_chain:
         policies.append(adaptive_chain_policy(space, statics))
     runtime = None
     if with_selector:
         sel = selector_policy("selector", _selector_spec(cfg))
         runtime = sel.policy
-        sel.name = "selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}"
-        policies.append(sel)
+        policies.append(sel.named("selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}"))
         if runtime.auto:
             for m in cfg.evaluate.selector_methods or runtime.methods:
                 if m in runtime.methods:
@@ -238,8 +231,10 @@ def decode_all(cfg, args, off):
 def selector_policies(policies) -> dict[str, str | None]:
     """Names of the selector's policies: ``selector`` (the trained selector alone: the headline) and
     ``lookup_then_selector`` (prompt lookup's rule first, the selector elsewhere; None when it did not run)."""
-    alone = next((p.name for p in policies if p.kind == "selector" and not p.name.endswith(f":{LOOKUP_TAG}")), None)
-    lookup = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_TAG}")), None)
+    from evaluation.online import LOOKUP_FIRST
+
+    alone = next((p.name for p in policies if p.kind == "selector" and not p.name.endswith(f":{LOOKUP_FIRST}")), None)
+    lookup = next((p.name for p in policies if p.kind == "selector" and p.name.endswith(f":{LOOKUP_FIRST}")), None)
     return {"selector": alone, "lookup_then_selector": lookup}
 
 
@@ -356,7 +351,9 @@ def _train_summary(train_metrics: dict | None) -> dict | None:
 def mlflow_name(policy: str) -> str:
     """A policy's MLflow metric prefix: ``selector_auto``; the selector behind prompt lookup's rule
     (``selector:auto:lookup``) is ``lookup_then_selector_auto``, named for what decodes first."""
-    base = policy.removesuffix(f":{LOOKUP_TAG}")
+    from evaluation.online import LOOKUP_FIRST
+
+    base = policy.removesuffix(f":{LOOKUP_FIRST}")
     return ("lookup_then_" if base != policy else "") + base.replace(":", "_")
 
 

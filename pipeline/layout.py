@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "pipeline", "integrations",
+PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline", "integrations",
             "benchmarks", "tests")
-SOURCE_PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "pipeline", "integrations")
+SOURCE_PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline",
+                   "integrations")
 
 
 @dataclass

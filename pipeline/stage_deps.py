@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "pipeline")
+PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline")
 CLI_MODULE = "pipeline.cli"
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][\w.-]{0,99}")
 
@@ -207,7 +207,7 @@ def rerun_table(dvc: dict, areas: list[str]) -> dict[str, int]:
     return {a: sum(any(_covers(d, a) for d in s.get("deps", [])) for s in dvc["stages"].values()) for a in areas}
 
 
-AREAS = ["decoding", "decoding/verifiers", "decoding/engine", "decoding/policy.py", "decoding/lookup.py",
+AREAS = ["decoding", "decoding/verifiers", "decoding/engine", "decoding/policy.py", "policies", "policies/lookup.py",
          "decoding/pricing.py", "decoding/latency.py", "models", "data_collection", "evaluation", "export", "pipeline/config.py", "pipeline/sections/model.py", "pipeline/sections/collect.py",
          "pipeline/sections/evaluate.py", "pipeline/tracking.py"]
 

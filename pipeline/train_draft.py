@@ -242,16 +242,16 @@ def _mark_measured(folder: str, spec: str) -> None:
     write_json_atomic(Path(folder) / MEASURED_FILE, {"draft": spec, "kind": "measured"})
 
 
-def _draft_for_metrics(cfg, args, target, tokenizer, on: tuple, trajectories) -> tuple:
+def _draft_for_metrics(cfg, args, target, tokenizer, dtype, trajectories) -> tuple:
     """(the draft to measure, facts for the metrics file): the given draft as is, or the trained draft, distilled
-    first unless ``--evaluate-only``; ``on``: (device, dtype) of a draft with its own model."""
+    first unless ``--evaluate-only``; ``dtype``: of a draft with its own model."""
     from models.loading import load_draft
     from models.self_draft import CONFIG_FILE, read_raw_config
 
     td = cfg.train_draft
     spec = given_draft(cfg)
     if spec is not None:
-        draft = load_draft(spec, target, tokenizer, cfg.model.target, on, cfg.model.cache_dir)
+        draft = load_draft(spec, target, tokenizer, cfg.model.target, dtype, cfg.model.cache_dir)
         _mark_measured(td.out, spec)
         print(f"model.draft is {spec}, not this stage's self-draft: measuring it, nothing trained")
         return draft, {"draft": spec, "kind": "measured"}
@@ -264,7 +264,7 @@ def _draft_for_metrics(cfg, args, target, tokenizer, on: tuple, trajectories) ->
         (Path(td.out) / MEASURED_FILE).unlink(missing_ok=True)
         print(f"trained in {time.perf_counter() - start:.0f} s (of which fit {facts['train_seconds']:.0f} s); "
               f"artifact: {td.out}/")
-    draft = load_draft(cfg.model.draft, target, tokenizer, cfg.model.target, on, cfg.model.cache_dir)
+    draft = load_draft(cfg.model.draft, target, tokenizer, cfg.model.target, dtype, cfg.model.cache_dir)
     return draft, {"draft": cfg.model.draft, "kind": "distilled", **facts}
 
 
@@ -282,7 +282,7 @@ def run(cfg, args) -> int:
     for p in target.parameters():
         p.requires_grad_(False)
     trajectories = load_split_trajectories(cfg, target)
-    draft, facts = _draft_for_metrics(cfg, args, target, tokenizer, (device, dtype), trajectories)
+    draft, facts = _draft_for_metrics(cfg, args, target, tokenizer, dtype, trajectories)
     with _threads(cfg.model.threads):  # measured as the decoder runs: on model.threads cores
         metrics = {**measure_draft(cfg, target, tokenizer, draft, trajectories["test"]), **facts}
     write_json_atomic(Path(td.metrics), metrics)

@@ -82,7 +82,7 @@ def training_data(cfg, chain: bool = False) -> TrainingData:
     from data_collection.dataset_schema import label_se_column
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
-    from models.selector_data import build_selector_data
+    from models.selector_data import Labels, build_selector_data
 
     tc = cfg.train
     manifest = read_dataset_manifest(cfg.collect.out)
@@ -93,27 +93,27 @@ def training_data(cfg, chain: bool = False) -> TrainingData:
     ds = load_collected(cfg.collect.out)
     cols = ds.with_format("numpy")[:]
     collected = list(manifest["methods"])
-    labels = {m: label_matrix(ds, m) for m in collected}
-    label_se = {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected}
+    labels = Labels({m: label_matrix(ds, m) for m in collected},
+                    {m: np.asarray(cols[label_se_column(m)], dtype=np.float32) for m in collected})
     if chain:
-        layout, labels, label_se = chain_layout(layout, labels, label_se)
+        layout, labels = chain_layout(layout, labels)
     # the selector's own forward time (its architecture's, measured untrained) counts in every step it decides
     infer = inference_seconds(new_net(schema, layout, tc)) if tc.charge_inference else 0.0
-    data = build_selector_data(cols, (labels, label_se), schema, layout, latency, infer)
+    data = build_selector_data(cols, labels, schema, layout, latency, infer)
     return TrainingData(manifest, layout, schema, latency, data, infer)
 
 
-def chain_layout(layout, labels: dict, label_se: dict):
-    """``(layout, labels, label_se)`` of a chain selector: ``layout``'s one method, its chains' labels only."""
-    from models.selector_data import chain_labels
+def chain_layout(layout, labels):
+    """``(layout, labels)`` of a chain selector: ``layout``'s one method, its chains' `Labels` only."""
+    from models.selector_data import Labels, chain_labels
     from models.selector_network import OutputLayout
     from pipeline.config import ConfigError
 
     if layout.auto:
         raise ConfigError("a chain selector learns one method's labels; set train.method to one method, not auto")
     method = layout.methods[0]
-    chains, e, se = chain_labels(labels[method], label_se[method], layout.actions)
-    return OutputLayout((method,), chains), {method: e}, {method: se}
+    chains, e, se = chain_labels(labels.estimate[method], labels.se[method], layout.actions)
+    return OutputLayout((method,), chains), Labels({method: e}, {method: se})
 
 
 def hparams(tc):

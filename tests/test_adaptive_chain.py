@@ -1,4 +1,4 @@
-"""The acceptance-tracking adaptive chain (decoding.policy.AdaptiveChain): its rule on hand-made steps and,
+"""The acceptance-tracking adaptive chain (policies.adaptive_chain.AdaptiveChain): its rule on hand-made steps and,
 through the real decoder, that the accepted lengths it infers from context lengths are the decoder's."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
 from decoding.engine import SpeculativeDecoder
-from decoding.policy import AdaptiveChain, RootFeatures
+from decoding.policy import RootFeatures
 from decoding.sampling import Sampling
+from policies.adaptive_chain import AdaptiveChain
 
 
 def _root(ctx: int) -> RootFeatures:

@@ -16,13 +16,13 @@ from selector_helpers import random_inputs, random_selector, toy_latency
 
 from decoding import pricing
 from decoding.engine import SpeculativeDecoder
-from decoding.lookup import LookupFirst
 from decoding.sampling import Sampling
+from policies.lookup import LookupFirst
 
 ROOT = Path(__file__).resolve().parents[1]
-DECISION_MODULES = {"decoding/engine/decoder.py", "decoding/lookup.py", "export/runtime.py", "decoding/features.py",
+DECISION_MODULES = {"decoding/engine/decoder.py", "policies/lookup.py", "export/runtime.py", "decoding/features.py",
                     "decoding/latency.py"}
-LOOKUP_STEP = {"decoding/engine/decoder.py", "decoding/lookup.py", "decoding/actions.py"}
+LOOKUP_STEP = {"decoding/engine/decoder.py", "policies/lookup.py", "decoding/actions.py"}
 
 
 def _ours(filename: str) -> str | None:

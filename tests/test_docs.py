@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("decoding", "models", "data_collection", "evaluation", "export", "pipeline", "integrations", "benchmarks",
+OURS = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline", "integrations", "benchmarks",
         "tests", "configs", "docs")
 DOCS = sorted([ROOT / "README.md", ROOT / "configs" / "README.md", *(ROOT / "docs").glob("*.md")])
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)

@@ -45,7 +45,7 @@ def _metrics() -> dict:
             "gain_by_source": {"autoregressive": {"math": {p: ci(1.2) for p in POLICIES[1:]}}},
             "acceptance_by_depth": {"chain": [0.8, 0.6, 0.5], "static:traversal": [0.85, 0.7],
                                     "selector:auto": [0.9, 0.6, 0.4]},
-            "chosen": {"selector:auto": {"autoregressive": 0.5, "traversal:2,1,2": 0.3, "specinfer:1,2,0": 0.2}},
+            "chosen": {"selector:auto": {"plain": 0.5, "traversal:2,1,2": 0.3, "specinfer:1,2,0": 0.2}},
             "findings": {"claim3_ot_acceptance_falls_with_depth": {"chain_acceptance": [0.78, 0.66, 0.61, 0.6]}}}
 
 

@@ -64,4 +64,4 @@ def test_decode_with_lookup_first_stays_greedy_and_reports_lookup_steps(params, 
     assert runs["lookup"]["tokens"] == runs["ar"]["tokens"] == runs["lookup_static"]["tokens"]
     assert "LookupFirst" in runs["lookup"]["action"]
     for name in ("lookup", "lookup_static"):
-        assert any(a.endswith("+lookup") for a in runs[name]["stats"]["actions"]), runs[name]["stats"]
+        assert any(k.startswith("lookup:") for k in runs[name]["stats"]["classes"]), runs[name]["stats"]

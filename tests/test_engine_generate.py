@@ -109,7 +109,7 @@ def test_selector_policy_and_features(pair):
     ar = generate(target, draft, prompt, 20, method=AUTOREGRESSIVE, sampling=Sampling(0.0))
     assert res.tokens == ar.tokens
     assert len(selector.seen) == res.stats.steps
-    assert set(res.stats.actions) == {"2,1,2", "1,0,0"}
+    assert set(res.stats.classes) == {"traversal:2,1,2", "plain"}
     f0 = selector.seen[0]
     assert f0.context_length == len(prompt) - 1
     assert f0.q_root.shape == (VOCAB,) and f0.p_prev.shape == (VOCAB,) and f0.q_prev.shape == (VOCAB,)
@@ -222,4 +222,4 @@ def test_selector_choice_switches_methods_and_stays_greedy_exact(pair):
     ar = generate(target, draft, prompt, 40, method=AUTOREGRESSIVE, sampling=Sampling(0.0))
     assert res.tokens == ar.tokens
     assert set(res.stats.methods) == {"specinfer", "bv", "traversal"}
-    assert res.stats.actions["1,0,0"] > 0
+    assert res.stats.classes["plain"] > 0

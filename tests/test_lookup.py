@@ -1,4 +1,4 @@
-"""Context lookup drafts (decoding/lookup.py): the proposal rule, losslessness by exact enumeration for every chain
+"""Context lookup drafts (policies/lookup.py): the proposal rule, losslessness by exact enumeration for every chain
 verifier (with a negative control), and the decoder's lookup steps on real KV caches (greedy equals autoregressive)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import AUTOREGRESSIVE, Action
 from decoding.engine import SpeculativeDecoder
 from decoding.exact import TablePair, chained_law, law_distance, target_law, tree_p_rows, with_cache
-from decoding.lookup import LOOKUP_TAG, LookupFirst, Proposal, propose
 from decoding.policy import Choice, Policy, StaticPolicy, StepResult, StepTiming
 from decoding.sampling import Sampling
 from decoding.tree import proposal_tree
 from decoding.verifiers import METHODS, get_method
+from policies.lookup import LOOKUP_TAG, LookupFirst, Proposal, propose
 
 # ---------------------------------------------------------------- the proposal rule
 

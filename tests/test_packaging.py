@@ -19,7 +19,7 @@ def test_package_resolves_to_this_repository(package):
 def test_no_installed_distribution_claims_our_names():
     import importlib.metadata
 
-    ours = {"decoding", "models", "data_collection", "evaluation", "pipeline", "export", "integrations"}
+    ours = {"decoding", "models", "data_collection", "evaluation", "pipeline", "export", "policies", "integrations"}
     for dist in importlib.metadata.distributions():
         if dist.metadata["Name"] == "branchpoint":
             continue
@@ -29,16 +29,17 @@ def test_no_installed_distribution_claims_our_names():
 
 
 # Each layer imports only the layers below it (docs/architecture.md).
-# export/ (the ONNX selector, its torch-free runtime and the policy registry) sits below evaluation/, which decodes
-# its policies; export/ imports neither data_collection/ nor evaluation/. integrations/ (our selectors in other
+# export/ (the ONNX selector and its torch-free runtime) sits below policies/ (the policies above the engine and their
+# registry), which sits below evaluation/, which decodes them; neither imports data_collection/ or evaluation/. integrations/ (our selectors in other
 # runtimes) is a top layer beside pipeline/: nothing imports it, and it never imports our decoder (decoding.engine),
 # a stage or the evaluation: a runtime needs only the exported selector and the numpy modules.
 FORBIDDEN = {
-    "decoding": {"models", "data_collection", "evaluation", "pipeline", "export", "integrations"},
-    "models": {"data_collection", "evaluation", "pipeline", "export", "integrations"},
-    "data_collection": {"evaluation", "pipeline", "export", "integrations"},
+    "decoding": {"models", "data_collection", "evaluation", "pipeline", "export", "policies", "integrations"},
+    "models": {"data_collection", "evaluation", "pipeline", "export", "policies", "integrations"},
+    "data_collection": {"evaluation", "pipeline", "export", "policies", "integrations"},
     "evaluation": {"pipeline", "integrations"},
-    "export": {"data_collection", "evaluation", "pipeline", "integrations"},
+    "export": {"data_collection", "evaluation", "pipeline", "policies", "integrations"},
+    "policies": {"decoding.engine", "models", "data_collection", "evaluation", "pipeline", "integrations"},
     "pipeline": {"integrations"},
     "integrations": {"decoding.engine", "data_collection", "evaluation", "pipeline"},
 }

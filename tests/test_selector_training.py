@@ -14,7 +14,7 @@ from selector_helpers import METHODS, SPACE, build_collected, toy_latency
 from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
 from decoding.pricing import decide
-from models.selector_data import SelectorData, SelectorDataModule, build_selector_data
+from models.selector_data import Labels, SelectorData, SelectorDataModule, build_selector_data
 from models.selector_eval import selector_report
 from models.selector_network import NetShape, OutputLayout, SelectorNet, load_selector, save_selector
 from models.selector_training import SelectorModule, fit_selector, predict
@@ -44,7 +44,7 @@ def _real_data(collected, feature_set="paper", methods=("traversal", "specinfer"
     schema = FeatureSchema.for_pair(feature_set, hidden["target"], hidden["draft"])
     layout = OutputLayout(tuple(methods), tuple(SPACE), auto)
     labels = {m: label_matrix(ds, m) for m in METHODS}
-    return build_selector_data(ds.with_format("numpy")[:], (labels, None), schema, layout, toy_latency())
+    return build_selector_data(ds.with_format("numpy")[:], Labels(labels), schema, layout, toy_latency())
 
 
 def test_datamodule_splits_never_mix_prompts(collected):

@@ -1,4 +1,4 @@
-"""The confidence-threshold dynamic chain (decoding/threshold_chain.py): lossless by exact enumeration (with a
+"""The confidence-threshold dynamic chain (policies/threshold_chain.py): lossless by exact enumeration (with a
 negative control that a target-peeking stop rule is caught), and its drafting on a real draft cache."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from decoding.exact import (
 )
 from decoding.policy import Choice
 from decoding.sampling import Sampling
-from decoding.threshold_chain import ThresholdChain, stop_length, truncate_chain
 from decoding.verifiers import get_method
+from policies.threshold_chain import ThresholdChain, stop_length, truncate_chain
 
 
 def _emitted_law(pair: TablePair, max_length: int, n_tokens: int, stop) -> dict:

@@ -31,7 +31,8 @@ import torch
 
 from ..actions import AR_ACTION, AUTOREGRESSIVE, Action
 from ..errors import UserInputError
-from ..policy import LOOKUP_TAG, Choice, Policy, RootFeatures, StepResult, StepTiming, as_policy
+from ..policy import Choice, Policy, RootFeatures, StepResult, StepTiming, as_policy
+from ..pricing import step_class
 from ..sampling import Sampling, draw
 from ..tree import build_tree, proposal_tree
 from ..verifiers import get_method
@@ -249,8 +250,7 @@ class SpeculativeDecoder:
         new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
         lookup = choice.proposal is not None
         method = verifier.name if verifier is not None and action.tree_size else None
-        stats.record_step(int(tree.depths.max()), len(accepted), f"{action}+{LOOKUP_TAG}" if lookup else str(action),
-                          method)
+        stats.record_step(int(tree.depths.max()), len(accepted), step_class(action, method, lookup), method)
         state.out.extend(new)
         # 6. observe
         timing = StepTiming(clock.now() - start, stats.time_draft - parts_before[0], stats.time_target - parts_before[1],
@@ -354,7 +354,7 @@ def _prune(state: DecodeState, ctx_t: int, step: _Verified, hidden: bool) -> int
         if last in node_slots:
             state.q_prev = tree.q_rows[last]
             state.h_q_prev = drafted.hidden[last] if hidden else None
-    else:  # no drafted node: a plain step, or a proposed chain (`decoding.lookup`) the draft catches up on later
+    else:  # no drafted node: a plain step, or a proposed chain (`policies.lookup`) the draft catches up on later
         new = [int(tree.tokens[i]) for i in accepted] + [emitted]
         if root_step[0] is not None:  # the draft saw the root this step
             state.pending = new

@@ -175,7 +175,7 @@ def draft_tree(root: DraftRoot, action: Action, rule: DraftRule, rng: np.random.
 def draft_stop_chain(root: DraftRoot, max_length: int, stop_below: float, rule: DraftRule,
                      rng: np.random.Generator) -> DraftedTree:
     """Draft a chain below the root token by token: draw x_i from q_{i-1} and stop after it when ``max q_{i-1} <
-    stop_below`` or ``i = max_length`` (`decoding.threshold_chain`'s rule); a token is fed to the draft only when the
+    stop_below`` or ``i = max_length`` (`policies.threshold_chain`'s rule); a token is fed to the draft only when the
     chain continues. The tree's action is the realized chain ``(1, n, 0)``."""
     sampling, vocab_size, hidden = rule.sampling, rule.vocab_size, rule.hidden
     feed = _feed(root)

@@ -29,7 +29,7 @@ class DecodeStats:
     accepted_hist: list[int] = field(default_factory=list)  # [a] steps with a accepted draft tokens
     depth_offered: list[int] = field(default_factory=list)  # [d] steps that tested depth d
     depth_accepted: list[int] = field(default_factory=list)  # [d] steps that accepted depth d
-    actions: Counter = field(default_factory=Counter)  # "K,L1,L2" -> steps
+    classes: Counter = field(default_factory=Counter)  # step class (`decoding.pricing.step_class`) -> steps
     methods: Counter = field(default_factory=Counter)  # verification method -> steps that drafted a tree
     time_draft: float = 0.0
     time_target: float = 0.0
@@ -38,10 +38,10 @@ class DecodeStats:
     time_prefill: float = 0.0  # the target's prefill and the draft's first forward over the prompt (in the above)
     time_total: float = 0.0
 
-    def record_step(self, tree_depth: int, num_accepted: int, action: str, method: str | None = None) -> None:
+    def record_step(self, tree_depth: int, num_accepted: int, klass: str, method: str | None = None) -> None:
         self.steps += 1
         self.emitted += num_accepted + 1
-        self.actions[action] += 1
+        self.classes[klass] += 1
         if method is not None:
             self.methods[method] += 1
         while len(self.accepted_hist) <= num_accepted:
@@ -78,7 +78,7 @@ class DecodeStats:
             "tokens_per_second": self.tokens_per_second,
             "per_depth_acceptance": self.per_depth_acceptance,
             "accepted_hist": list(self.accepted_hist),
-            "actions": dict(self.actions),
+            "classes": dict(self.classes),
             "methods": dict(self.methods),
             "time_s": {"draft": self.time_draft, "target": self.time_target, "verify": self.time_verify,
                        "selector": self.time_selector, "other": other, "total": self.time_total,

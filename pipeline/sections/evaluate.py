@@ -26,8 +26,8 @@ class EvaluateConfig:
     # (over the whole grid, chains included) is the static peer, and the chain read below it in every run (stop 30:
     # 1.02x vs 1.08x autoregressive); each policy costs ~2 minutes of a first dvc repro on 2 cores
     chain: bool = False
-    adaptive_chain: bool = True  # the acceptance-tracking chain length (decoding.policy.AdaptiveChain), naive
-    # the confidence-threshold chain of HF assisted generation (decoding.threshold_chain), naive, with N (tune_lengths)
+    adaptive_chain: bool = True  # the acceptance-tracking chain length (policies.adaptive_chain.AdaptiveChain), naive
+    # the confidence-threshold chain of HF assisted generation (policies.threshold_chain), naive, with N (tune_lengths)
     # and the threshold (tune_thresholds) of the highest tokens/s on tune_prompts TRAIN prompts (tune_max_new_tokens)
     # Off by default (was on): it read 1.00-1.02x autoregressive in stops 39-40, below the adaptive chain, and each
     # policy costs ~4 minutes of evaluate at 42 prompts
@@ -36,7 +36,7 @@ class EvaluateConfig:
     tune_max_new_tokens: int = 16
     tune_lengths: list[int] = field(default_factory=lambda: [4, 8, 20])
     tune_thresholds: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6])
-    # prompt lookup decoding (decoding.lookup: a chain copied from the context after a matching suffix, no draft
+    # prompt lookup decoding (policies.lookup: a chain copied from the context after a matching suffix, no draft
     # model; HF's prompt_lookup_num_tokens) as a peer, with its chain length (lookup_lengths) and shortest matched
     # suffix (lookup_min_ngrams) of the highest tokens/s on tune_prompts TRAIN prompts (lookup_tune_max_new_tokens:
     # a lookup needs text to repeat); and the selector decoded with the same lookup first ("<selector>:lookup")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .actions import Action
-from .policy import Choice, Policy
-from .tree import DraftTree, build_tree
+from decoding.actions import Action
+from decoding.policy import Choice, Policy
+from decoding.tree import DraftTree, build_tree
 
 HF_MAX_LENGTH = 20  # transformers' num_assistant_tokens default
 HF_THRESHOLD = 0.4  # transformers' assistant_confidence_threshold default

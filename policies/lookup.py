@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .actions import AR_ACTION, Action
-from .policy import LOOKUP_TAG, Choice, Policy, StepResult, as_policy
+from decoding.actions import AR_ACTION, Action
+from decoding.policy import Choice, Policy, StepResult, as_policy
 
-__all__ = ["LOOKUP_TAG", "MAX_NGRAM", "LookupFirst", "Proposal", "propose"]
+__all__ = ["MAX_NGRAM", "LookupFirst", "Proposal", "propose"]
 
 HF_LENGTH = 10  # transformers' prompt_lookup_num_tokens in its docs' examples
 HF_MAX_NGRAM = 2  # transformers' max_matching_ngram_size default
