@@ -224,7 +224,7 @@ def test_a_missing_latency_profile_is_refused(pair, chain_folder, tmp_path):
 def test_the_selector_comes_from_the_policy_registry(pair, chain_folder, monkeypatch):
     """One meaning for "selector": the integration builds it with `policies.registry.build_policy`, as decode and
     evaluate do."""
-    from export import policies
+    from policies import registry as policies
 
     built = []
     registered = policies.POLICIES["selector"]

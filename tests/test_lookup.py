@@ -15,7 +15,7 @@ from decoding.policy import Choice, Policy, StaticPolicy, StepResult, StepTiming
 from decoding.sampling import Sampling
 from decoding.tree import proposal_tree
 from decoding.verifiers import METHODS, get_method
-from policies.lookup import LOOKUP_TAG, LookupFirst, Proposal, propose
+from policies.lookup import LookupFirst, Proposal, propose
 
 # ---------------------------------------------------------------- the proposal rule
 
@@ -147,10 +147,10 @@ def test_greedy_decoding_with_lookup_steps_equals_autoregressive(fallback):
     fb = StaticPolicy(fallback) if fallback is not None else None
     got = decoder.generate(prompt, 40, "traversal", LookupFirst(fb, length=3, max_ngram=2), Sampling(0.0))
     assert got.tokens == ar.tokens
-    lookups = sum(n for a, n in got.stats.actions.items() if a.endswith(LOOKUP_TAG))
+    lookups = sum(n for k, n in got.stats.classes.items() if k.startswith("lookup:"))
     assert lookups >= 1  # the prompt repeats itself: the first step at least proposes
     if fallback is not None:
-        assert got.stats.actions[str(fallback)] >= 1  # and the fallback drafted after lookup steps
+        assert got.stats.classes[f"traversal:{fallback}"] >= 1  # and the fallback drafted after lookup steps
 
 
 def test_sampled_lookup_steps_keep_both_caches_whole():

@@ -124,7 +124,8 @@ def test_the_decoder_drafts_through_the_policy_hook_and_records_the_realized_cha
     lengths = [s.action.L1 for s in steps]
     assert all(s.action.K == 1 and s.action.L2 == 0 for s in steps)
     assert len(set(lengths)) > 1 and max(lengths) <= 6  # the stop rule cut chains (not always the cap)
-    assert res.stats.actions == Counter(str(s.action) for s in steps)  # the stats hold the realized shapes
+    # the stats hold the realized shapes, as step classes (`decoding.pricing.step_class`)
+    assert res.stats.classes == Counter(f"{s.method}:{s.action}" for s in steps)
     # the extremes: a threshold of 0 never stops early, one of 1 always stops after the first token
     assert {s.action for s in _decode_steps(ThresholdChain(6, 0.0), Sampling())[2][:-1]} == {Action(1, 6, 0)}
     assert {s.action for s in _decode_steps(ThresholdChain(6, 1.0), Sampling())[2]} == {Action(1, 1, 0)}
