@@ -194,6 +194,21 @@ def _row(cfg, target, tokenizer, draft, test, latency, context: float) -> dict:
     return row
 
 
+def carried_rows(out: Path, names, measured: dict) -> dict:
+    """The rows ``names`` of the previous result at ``out``, each marked ``carried_over`` with that run's profile and
+    load; a clear error for a row it does not hold or one this run measured."""
+    if not names:
+        return {}
+    old = json.loads(out.read_text()) if out.is_file() else {"rows": {}}
+    missing = [n for n in names if n not in old["rows"]]
+    again = [n for n in names if n in measured]
+    if missing or again:
+        raise SystemExit(f"bench_drafts --keep: {out} has no rows {missing}" if missing else
+                         f"bench_drafts --keep: rows {again} were measured in this run")
+    source = {"latency_profile": old.get("latency_profile"), "machine": old.get("machine")}
+    return {n: {**old["rows"][n], "carried_over": old["rows"][n].get("carried_over", source)} for n in names}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -204,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafts", nargs="+", default=None,
                         help="trained draft specs to measure, e.g. eagle:artifacts/draft self_draft:/tmp/sd "
                              "(default: model.draft)")
+    parser.add_argument("--keep", nargs="+", default=(), metavar="ROW",
+                        help="rows of the existing --out file to carry over unmeasured (e.g. self_draft, when its "
+                             "artifact is no longer built); each is marked with where it came from")
     parser.add_argument("--quick", action="store_true", help="4 VAL / 4 TEST trajectories, one cut: a smoke run")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = time.perf_counter() - start
     result["machine"]["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
+    result["rows"].update(carried_rows(out, args.keep, result["rows"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -108,3 +108,21 @@ def test_chain_speedup_is_the_path_estimator_and_picks_the_best_length():
     e = bench_drafts.chain_efficiency(acc, 1)
     assert bench_drafts.chain_speedup(acc, _Latency, 100.0, r)["by_L"][1] == pytest.approx(
         e.size / np.sum(1.2 / e))
+
+
+def test_kept_rows_carry_their_source_and_refuse_what_is_missing_or_remeasured(tmp_path):
+    import json
+
+    from benchmarks.bench_drafts import carried_rows
+
+    out = tmp_path / "drafts.json"
+    out.write_text(json.dumps({"latency_profile": "old.json", "machine": {"threads": 2},
+                               "rows": {"self_draft": {"acceptance_test_T1.0": 0.37}, "eagle": {}}}))
+    kept = carried_rows(out, ["self_draft"], {"eagle": {}})
+    assert kept == {"self_draft": {"acceptance_test_T1.0": 0.37,
+                                   "carried_over": {"latency_profile": "old.json", "machine": {"threads": 2}}}}
+    assert carried_rows(out, [], {}) == {}
+    with pytest.raises(SystemExit, match="no rows"):
+        carried_rows(out, ["layer_skip_9"], {})
+    with pytest.raises(SystemExit, match="measured in this run"):
+        carried_rows(out, ["eagle"], {"eagle": {}})
