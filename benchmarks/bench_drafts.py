@@ -63,8 +63,12 @@ def relabeled_layer(layer, index: int):
 
 def layer_skip_draft(target, keep: list[int]):
     """The target with only the decoder layers ``keep`` (ascending indices), sharing every weight with it: an HF
-    causal LM of ``len(keep)`` layers that decodes with its own KV cache like any HF draft."""
+    causal LM of ``len(keep)`` layers that decodes with its own KV cache like any HF draft. A target on the lean path
+    (`models.lean_layers.use_lean_forward`, as `load_model` leaves it on CPU) gets a lean path over the kept layers:
+    the copied stack's own forward would run all of the target's."""
     import torch
+
+    from models.lean_layers import use_lean_forward
 
     keep = sorted(int(i) for i in keep)
     n = target.config.num_hidden_layers
@@ -78,11 +82,15 @@ def layer_skip_draft(target, keep: list[int]):
     draft._modules = dict(target._modules)
     draft.config = config
     model = copy.copy(target.model)
+    lean = model.__dict__.pop("_lean_installed", False)
+    model.__dict__.pop("forward", None)  # the target's lean forward, bound to all of its layers
     model._modules = dict(target.model._modules)
     model.config = config
     model._modules["layers"] = torch.nn.ModuleList(relabeled_layer(target.model.layers[i], j)
                                                    for j, i in enumerate(keep))
     draft._modules["model"] = model
+    if lean:
+        use_lean_forward(draft)
     return draft
 
 

@@ -52,6 +52,24 @@ def test_skipping_equals_removing_the_layers_and_shares_the_weights(target):
     assert target.config.num_hidden_layers == 5 and len(target.model.layers) == 5
 
 
+def test_a_target_on_the_lean_path_skips_its_layers_too(target):
+    """`load_model` puts a CPU target on the lean path (an instance forward over all its layers); the layer-skipped
+    copy must run only its kept layers, not inherit that forward (the stop-56 table read acceptance 1.000 for 2 of 30
+    layers kept)."""
+    from models.lean_layers import use_lean_forward
+
+    lean = copy.deepcopy(target)
+    assert use_lean_forward(lean)
+    keep = [0, 2, 4]
+    ids = torch.randint(0, TINY_VOCAB, (1, 12))
+    draft = bench_drafts.layer_skip_draft(lean, keep)
+    with torch.inference_mode():
+        torch.testing.assert_close(draft(input_ids=ids).logits, _without_layers(target, keep)(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lean(input_ids=ids).logits, target(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    assert draft.model._lean_installed and draft.model.forward is not lean.model.forward
+
+
 def test_cached_decoding_matches_the_full_forward(target):
     keep = [1, 3]
     ids = torch.randint(0, TINY_VOCAB, (1, 10))
