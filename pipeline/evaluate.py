@@ -156,13 +156,24 @@ def evaluated_policies(cfg, statics, space, with_selector: bool):
         sel = selector_policy("selector", _selector_spec(cfg))
         runtime = sel.policy
         policies.append(sel.named("selector:auto" if runtime.auto else f"selector:{runtime.methods[0]}"))
+        check_selector_methods(cfg.evaluate.selector_methods, runtime, cfg.export.out)
         if runtime.auto:
             for m in cfg.evaluate.selector_methods or runtime.methods:
-                if m in runtime.methods:
-                    policies.append(selector_policy(f"selector:{m}", _selector_spec(cfg, [m])))
-                else:
-                    print(f"evaluate: the selector does not predict {m!r} (it has {runtime.methods}); skipped")
+                policies.append(selector_policy(f"selector:{m}", _selector_spec(cfg, [m])))
     return policies, runtime
+
+
+def check_selector_methods(methods: list[str], runtime, folder: str) -> None:
+    """``evaluate.selector_methods`` must have an effect: a `UserInputError` when the exported selector decides one
+    method (not auto), or when it names a method the selector does not predict."""
+    if methods and not runtime.auto:
+        raise UserInputError(f"evaluate.selector_methods {methods} has no effect: the selector in {folder} predicts one "
+                             f"method ({runtime.methods[0]}); set evaluate.selector_methods to [] or train it with "
+                             "train.method: auto")
+    missing = [m for m in methods if m not in runtime.methods]
+    if missing:
+        raise UserInputError(f"evaluate.selector_methods names {missing}, which the selector in {folder} does not "
+                             f"predict (it has {runtime.methods})")
 
 
 def offline_part(cfg):

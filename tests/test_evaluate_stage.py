@@ -269,3 +269,20 @@ def test_mlflow_names_the_lookup_first_policy_for_what_decodes_first():
     assert mlflow_name("selector:auto") == "selector_auto"
     assert mlflow_name("selector:auto:lookup") == "lookup_then_selector_auto"
     assert mlflow_name("static:traversal") == "static_traversal"
+
+
+def test_selector_methods_must_have_an_effect():
+    """issue #47: a setting with no effect is an error naming it, not a silent skip."""
+    from types import SimpleNamespace
+
+    from decoding.errors import UserInputError
+    from pipeline.evaluate import check_selector_methods
+
+    auto = SimpleNamespace(auto=True, methods=["traversal", "specinfer"])
+    single = SimpleNamespace(auto=False, methods=["specinfer"])
+    check_selector_methods([], single, "sel")  # the default: nothing asked
+    check_selector_methods(["traversal"], auto, "sel")
+    with pytest.raises(UserInputError, match=r"evaluate.selector_methods \['traversal'\] has no effect.*specinfer"):
+        check_selector_methods(["traversal"], single, "sel")
+    with pytest.raises(UserInputError, match=r"names \['gbv'\], which the selector in sel does not predict"):
+        check_selector_methods(["traversal", "gbv"], auto, "sel")

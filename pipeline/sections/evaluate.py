@@ -45,8 +45,10 @@ class EvaluateConfig:
     lookup_lengths: list[int] = field(default_factory=lambda: [2, 3, 4, 6])
     lookup_min_ngrams: list[int] = field(default_factory=lambda: [1])  # 1: the tuning's pick and the A/B's
     lookup_tune_max_new_tokens: int = 48
-    selector: bool = True  # the exported selector (export.out): auto and restricted to each selector_methods
-    selector_methods: list[str] = field(default_factory=lambda: ["traversal", "specinfer"])  # [] = all of its methods
+    selector: bool = True  # decode the exported selector (export.out)
+    # an auto selector is also decoded restricted to each of these methods ([]: each of its own); a selector of one
+    # method rejects any (it would have no effect)
+    selector_methods: list[str] = field(default_factory=list)
     warmup: bool = True  # one short untimed decode per policy first
     bootstrap: int = 2000  # bootstrap resamples (over prompts) of each confidence interval
     ci: float = 0.95
