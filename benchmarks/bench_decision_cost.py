@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from data_collection.profile import TimedPair, tile_ids
+    from data_collection.forward_tables import TimedPair, tile_ids
     from data_collection.prompts import encode_prompt
     from data_collection.step_prices import deciding_work
     from decoding.files import write_json_atomic

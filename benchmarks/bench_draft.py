@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from data_collection.profile import TimedPair, step_times, tile_ids
-    from data_collection.trajectories import load_trajectories
+    from data_collection.forward_tables import TimedPair, step_times, tile_ids
+    from data_collection.trajectory_store import load_trajectories
     from models.loading import load_pair
     from pipeline.config import load_config
 

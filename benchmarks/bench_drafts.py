@@ -152,8 +152,8 @@ def _acceptance(draft, data, target_probs, temperature: float, vocab: int) -> li
 
 
 def _step_ratio(target, draft, tokenizer, ids, context: int, reps: int) -> dict:
-    """`data_collection.profile.step_times` of the pair: one decode step each, interleaved."""
-    from data_collection.profile import TimedPair, step_times, tile_ids
+    """`data_collection.forward_tables.step_times` of the pair: one decode step each, interleaved."""
+    from data_collection.forward_tables import TimedPair, step_times, tile_ids
     from models.loading import common_vocab_size
 
     return step_times(TimedPair(target, draft, common_vocab_size(target, draft, tokenizer)), tile_ids(ids, context),

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_parts import linear_candidates, pass_ratios, step_split
-from data_collection.profile import TimedPair, step_times
+from data_collection.forward_tables import TimedPair, step_times
 from decoding.actions import Action, parse_action
 from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.files import write_json_atomic

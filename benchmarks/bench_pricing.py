@@ -46,7 +46,7 @@ def measure_profile(cfg, target, draft, vocab, tokenizer, quick: bool):
     """A latency profile measured now, as `branchpoint profile` measures it (smaller grid with ``quick``)."""
     import dataclasses
 
-    from data_collection.profile import Grid, TimedPair, profile_pair, tile_ids
+    from data_collection.forward_tables import Grid, TimedPair, profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
     from data_collection.step_prices import PriceRounds, measure_step_ratios, time_deciding
 

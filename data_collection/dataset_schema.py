@@ -5,7 +5,7 @@ sampling setting, ``position`` = ``context_length``, ``root_token``), the hidden
 (`decoding.features.HIDDEN_COLUMNS`: ``h_p_prev``, ``h_q_prev``, ``h_q_root``, ``e_root``, float16), the probability scalars
 (`decoding.features.PROBABILITY_SCALARS`), per method the labels Ê(c, a) over the action space and their
 standard errors (`label_column`, `label_se_column`), and the collection's seconds per root
-(`seconds_column`). `rows_table` writes `RootRows` (data_collection/collect.py) as one shard's table;
+(`seconds_column`). `rows_table` writes `RootRows` (data_collection/root_collector.py) as one shard's table;
 `data_collection.dataset.label_matrix` reads a method's labels back as ``[N, A]``.
 """
 

@@ -8,7 +8,7 @@ runs 2-3x slower in one phase than in another (phases last seconds to minutes) m
 A class's ratio is the mean of its normalised steps (means: throughput pays the mean, right tail included). Deciding is
 not a class: it adds ~2% of a step, a difference of whole steps a busy stretch swamps (median decide-over-plain read
 0.000, 0.056 and 0.000 in three quiet runs, and 0.237 beside a second decode), so it is timed alone
-(`data_collection.profile.time_deciding`).
+(`data_collection.forward_tables.time_deciding`).
 
 One class measured alone is noisy (about 12% per shape over 4 rounds: 3,1,0 read 1.24x a plain step and 1,1,0
 1.45x, though K does not change a chain's step), so no class prices itself: one non-negative least-squares fit over
@@ -38,7 +38,7 @@ from decoding.policy import Choice, Policy, StaticPolicy, StepResult
 from decoding.pricing import LOOKUP, PLAIN, VERIFY_REFERENCE, chain_terms, model_ratio, step_ratio, tree_terms
 from decoding.sampling import Sampling
 
-from .profile import TimedPair
+from .forward_tables import TimedPair
 
 DEFAULT_SAMPLING = Sampling()
 MAX_ACTIONS = 64  # at most this many actions of the grid are decoded (evenly spaced); the fit prices the rest

@@ -13,14 +13,14 @@ Terms:
   c, including the sampling transform of all its rows.
 - *feature cost* ``feature_seconds``: ``{feature set: seconds}``, what deciding computes at one root before the
   selector's network runs (the root's features and `FeatureSchema.vectorize`), timed alone with the quietest-block
-  median (`data_collection.profile.time_deciding`): the price of deciding, which load does not move.
+  median (`data_collection.forward_tables.time_deciding`): the price of deciding, which load does not move.
 - *step ratios* (`StepRatios`, ``step_ratios`` in the file): whole decoded steps measured in the engine's loop as
   ratios to the plain steps decoded right around them (`data_collection.step_prices`), fitted over shapes: the
   coefficients of a drafted step's ratio (``tree``, verified by Traversal) and of a lookup chain's (``chain``) in the
   terms of `decoding.pricing`, and ``plain_scale`` (a whole plain step over the tables' one-token pass).
 - *verification cost* ``verify_seconds``: ``{method: {"K,L1,L2": seconds}}``, one `VerificationMethod.verify` call
   on that shape's tree with rows of the pair's vocabulary (`data_collection.verify_cost`).
-The tables are measured on a grid by ``branchpoint profile`` (`data_collection.profile`) and saved as JSON.
+The tables are measured on a grid by ``branchpoint profile`` (`data_collection.forward_tables`) and saved as JSON.
 
 Interpolation (`t_q`, `t_p`): piecewise linear in the context length, extrapolated linearly beyond the
 grid from its end segments and clamped at >= the smallest value measured for that row/token count;

@@ -2,7 +2,7 @@
 
 Terms:
 - *continuation*: tokens the target sampled after a (chat-formatted) prompt, stopping at EOS; sampled once
-  by stage trajectories (`models.sampler`, stored by `data_collection.trajectories`) and only read here.
+  by stage trajectories (`models.sampler`, stored by `data_collection.trajectory_store`) and only read here.
 - *distillation record*: one continuation position t: the draft's input at t (stored float16: the target's
   hidden state after layer k, [H], for the self-draft; ``[h_{t-1}, e(x_t)]``, [2H], the target's final feature
   one position back and the input embedding of token t, for the EAGLE head of `models.eagle_draft`) and the

@@ -76,7 +76,12 @@ def draft_digest(folder: str | Path) -> str:
 def trajectories_digest(folder: str | Path) -> str:
     """The identity of a trajectories folder in a dataset's config hash: the sha256 of its Parquet (the tokens
     collect reads), not the manifest's bookkeeping (sampling seconds, speed, batch size)."""
-    from data_collection.trajectories import PARQUET_FILE, REBUILD, TrajectoryError, read_trajectory_manifest
+    from data_collection.trajectory_store import (
+        PARQUET_FILE,
+        REBUILD,
+        TrajectoryError,
+        read_trajectory_manifest,
+    )
 
     folder = Path(folder)
     parquet = folder / read_trajectory_manifest(folder).get("parquet", PARQUET_FILE)
@@ -124,10 +129,10 @@ def collect_part(cfg, pair, index: int, count: int, restart: bool, restart_on_ch
     """Collect this process's part; returns its manifest."""
     from tqdm.auto import tqdm
 
-    from data_collection.collect import RootCollector, UnionTrees, root_positions
     from data_collection.dataset import DatasetError, ShardWriter
     from data_collection.dataset_schema import rows_table
-    from data_collection.trajectories import load_trajectories
+    from data_collection.root_collector import RootCollector, UnionTrees, root_positions
+    from data_collection.trajectory_store import load_trajectories
     from decoding.sampling import Sampling
     from models.loading import eos_ids
 

@@ -72,7 +72,7 @@ def pick_units(cfg, split: str = "test", n: int | None = None):
     is represented."""
     import hashlib
 
-    from data_collection.trajectories import load_trajectories
+    from data_collection.trajectory_store import load_trajectories
 
     trajs = load_trajectories(cfg.trajectories.out, splits=[split])
     if not trajs:

@@ -6,7 +6,7 @@ is not. This study measures how much drafting noise is left for s = 2 / 4 / 8 / 
 
 At each of ``--roots`` roots of ``--split`` trajectories (a seeded choice of trajectories, roots every
 ``collect.root_stride`` tokens as the collect stage places them), ``--trees`` independent union trees are
-drafted and labelled with the collection's own code (`data_collection.collect.RootCollector` with one tree
+drafted and labelled with the collection's own code (`data_collection.root_collector.RootCollector` with one tree
 per collector, each with its own seed). For every s it reports, per method:
 
 - ``se``: the standard error of Ê over the speculating actions, mean over roots (``std(ddof=1) / sqrt(s)``),
@@ -38,7 +38,7 @@ TREE_COUNTS = (2, 4, 8, 16)
 def pick_roots(trajs, stride: int, eos: set[int], count: int, seed: int) -> list[tuple]:
     """``[(trajectory, positions)]`` holding ``count`` roots in all: trajectories in a seeded order, each with
     its roots every ``stride`` tokens (as the collect stage places them), the last one cut to fit."""
-    from data_collection.collect import root_positions
+    from data_collection.root_collector import root_positions
 
     order = np.random.default_rng(seed).permutation(len(trajs))
     out, left = [], count
@@ -55,8 +55,8 @@ def tree_labels(pair, space, methods: list[str], picked: list[tuple], trees: int
     """``({method: [trees, roots, A]}, context lengths [roots])``: one union tree per collector seed."""
     from tqdm.auto import tqdm
 
-    from data_collection.collect import RootCollector, UnionTrees
     from data_collection.dataset_schema import trajectory_key
+    from data_collection.root_collector import RootCollector, UnionTrees
     from decoding.sampling import Sampling
 
     values: dict[str, list] = {m: [] for m in methods}
@@ -106,7 +106,7 @@ def noise_table(values: np.ndarray, T: np.ndarray, speculating: np.ndarray, ar: 
 def study(cfg, roots: int, trees: int, split: str, methods: list[str], seed: int) -> dict:
     import torch
 
-    from data_collection.trajectories import load_trajectories
+    from data_collection.trajectory_store import load_trajectories
     from decoding import pricing
     from decoding.actions import AR_ACTION
     from decoding.errors import UserInputError

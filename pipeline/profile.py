@@ -100,7 +100,7 @@ def pair_rows(target, draft, vocab: int, ids: list[int], sampling) -> tuple:
 def run(cfg, args) -> int:
     import torch
 
-    from data_collection.profile import Grid, TimedPair, profile_pair, tile_ids
+    from data_collection.forward_tables import Grid, TimedPair, profile_pair, tile_ids
     from data_collection.prompts import encode_prompt
     from data_collection.step_prices import PriceRounds, measure_step_ratios, time_deciding
     from data_collection.verify_cost import measure_verify_seconds

@@ -72,7 +72,7 @@ def draft_kind(cfg) -> str:
 
 def load_split_trajectories(cfg, target) -> dict[str, list]:
     """The stored trajectories by split, checked to come from ``target``."""
-    from data_collection.trajectories import check_target, load_trajectories, read_trajectory_manifest
+    from data_collection.trajectory_store import check_target, load_trajectories, read_trajectory_manifest
     from models.self_draft import fingerprint_difference
 
     folder = cfg.trajectories.out
@@ -182,7 +182,7 @@ def measure_draft(cfg, target, tokenizer, draft, test: list) -> dict:
     settings (overall, by prompt source and by target entropy), step-time ratio, expected chain efficiency."""
     import torch
 
-    from data_collection.profile import TimedPair, step_times, tile_ids
+    from data_collection.forward_tables import TimedPair, step_times, tile_ids
     from models.draft_data import breakdown, chain_block_efficiency, position_stats
     from models.loading import common_vocab_size
 

@@ -1,7 +1,7 @@
 """``branchpoint trajectories``: stage trajectories, target-sampled continuations of every prompt.
 
 Reads: params ``model.*``, ``prompts.*``, ``trajectories.*``. Writes: the folder ``trajectories.out``
-(``trajectories.parquet`` + ``manifest.json``, see `data_collection.trajectories`). Steps:
+(``trajectories.parquet`` + ``manifest.json``, see `data_collection.trajectory_store`). Steps:
 
 1. load the prompt sets and split them by prompt into draft / train / val / test;
 2. encode each prompt with the chat template (`data_collection.prompts.encode_prompt`);
@@ -72,7 +72,7 @@ def plan(cfg, tokenizer) -> list[dict]:
 
 def sample_trajectories(cfg, target, tokenizer, progress: bool = True) -> list:
     """Steps 1-4 without saving: the `Trajectory` list in split, prompt, setting, sample order."""
-    from data_collection.trajectories import Trajectory
+    from data_collection.trajectory_store import Trajectory
     from decoding.sampling import Sampling
     from models.loading import eos_ids
     from models.sampler import Row, sample_continuations
@@ -90,7 +90,7 @@ def sample_trajectories(cfg, target, tokenizer, progress: bool = True) -> list:
 def run(cfg, args) -> int:
     import torch
 
-    from data_collection.trajectories import save_trajectories
+    from data_collection.trajectory_store import save_trajectories
     from models.loading import (
         eos_ids,
         input_device,

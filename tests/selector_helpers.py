@@ -68,9 +68,9 @@ def random_inputs(schema: FeatureSchema, n: int, seed: int = 0) -> dict[str, np.
 
 def build_collected(out: Path, prompts: int = 8, length: int = 72, stride: int = 6, seed: int = 0) -> Path:
     """Collect a tiny dataset into ``out`` (prompt i gets split SPLITS[i % 8] and source "src<i % 2>")."""
-    from data_collection.collect import RootCollector, UnionTrees
     from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
     from data_collection.dataset_schema import rows_table, trajectory_key
+    from data_collection.root_collector import RootCollector, UnionTrees
     from decoding.features import FeatureSchema
     from decoding.files import write_json_atomic
     from decoding.sampling import Sampling

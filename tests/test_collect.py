@@ -1,4 +1,4 @@
-"""The collection core (data_collection/collect.py) and the dataset layer (data_collection/dataset.py)
+"""The collection core (data_collection/root_collector.py) and the dataset layer (data_collection/dataset.py)
 on tiny random models: no train/serve skew, forest drafting = per-node full forwards, union-tree labels
 = each action's own tree, resumable shards with checksums and config-hash refusal."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from engine_helpers import VOCAB, untied_pair
 
-from data_collection.collect import RootCollector, UnionTrees, forest_layout, root_positions, root_seed
 from data_collection.dataset import DatasetError, ShardWriter, load_collected, merge_manifests
+from data_collection.root_collector import RootCollector, UnionTrees, forest_layout, root_positions, root_seed
 from decoding.actions import Action, ActionSpace
 from decoding.engine import SpeculativeDecoder
 from decoding.engine.torch_sampling import prob_rows

@@ -17,7 +17,7 @@ import pytest
 from tiny_models import save_tiny_model
 
 from data_collection.dataset import load_collected
-from data_collection.trajectories import Trajectory, save_trajectories
+from data_collection.trajectory_store import Trajectory, save_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from data_collection.collect import RootRows
 from data_collection.dataset import DatasetError, label_matrix
 from data_collection.dataset_schema import (
     SECONDS_KINDS,
@@ -18,6 +17,7 @@ from data_collection.dataset_schema import (
     seconds_column,
     trajectory_key,
 )
+from data_collection.root_collector import RootRows
 from decoding.features import PROBABILITY_SCALARS
 
 A = 3
@@ -66,8 +66,8 @@ def test_label_and_error_columns_differ():
 
 def test_stable_hash64_pins_the_seeded_hashes():
     """Root seeds and the prompt split depend on these exact numbers (labels must stay bit-identical)."""
-    from data_collection.collect import root_seed
     from data_collection.prompts import unit_hash
+    from data_collection.root_collector import root_seed
     from decoding.files import stable_hash64
 
     assert stable_hash64("0|p1|T=1.0|top_p=1.0|0|17") == 1673228781000335547

@@ -11,7 +11,7 @@ from lossless_harness import PrefixOracle, chi_square_test, expected_law
 from tiny_models import tiny_config
 from transformers import LlamaForCausalLM
 
-from data_collection.collect import RootCollector, UnionTrees
+from data_collection.root_collector import RootCollector, UnionTrees
 from decoding.actions import Action, ActionSpace
 from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree

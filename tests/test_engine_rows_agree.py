@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import decoding.engine.drafting as drafting
-from data_collection.collect import RootCollector, UnionTrees
+from data_collection.root_collector import RootCollector, UnionTrees
 from decoding.engine import SpeculativeDecoder
 from decoding.engine.torch_sampling import prob_rows
 from decoding.engine.tree_pass import target_tree_pass

@@ -18,7 +18,7 @@ SPLITS = ["train", "train", "train", "train", "test", "test", "test"]
 
 
 def _trajectories(rng):
-    from data_collection.trajectories import Trajectory
+    from data_collection.trajectory_store import Trajectory
 
     out = []
     for i, split in enumerate(SPLITS):
@@ -29,9 +29,9 @@ def _trajectories(rng):
 
 
 def _collect(pair, trajs, out):
-    from data_collection.collect import RootCollector, UnionTrees
     from data_collection.dataset import FORMAT_VERSION, ShardWriter, merge_manifests
     from data_collection.dataset_schema import rows_table, trajectory_key
+    from data_collection.root_collector import RootCollector, UnionTrees
     from decoding.features import FeatureSchema
     from decoding.files import write_json_atomic
     from decoding.sampling import Sampling
@@ -61,7 +61,7 @@ def params(tmp_path_factory):
     import torch
     from tiny_models import save_tiny_model
 
-    from data_collection.trajectories import save_trajectories
+    from data_collection.trajectory_store import save_trajectories
     from export.onnx_export import export_selector
     from models.loading import load_pair
 

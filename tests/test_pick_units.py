@@ -2,8 +2,8 @@
 
 from collections import Counter
 
-from data_collection import trajectories as trajectories_module
-from data_collection.trajectories import Trajectory
+from data_collection import trajectory_store as trajectories_module
+from data_collection.trajectory_store import Trajectory
 from pipeline.config import load_config
 from pipeline.evaluate import pick_units
 

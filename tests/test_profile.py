@@ -1,4 +1,4 @@
-"""Profiling (data_collection/profile.py, stage profile) on tiny random models."""
+"""Profiling (data_collection/forward_tables.py, stage profile) on tiny random models."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import torch
 from engine_helpers import VOCAB, untied_pair
 from tiny_models import tiny_lm
 
-from data_collection.profile import Grid, TimedPair, profile_pair, step_times, tile_ids, time_grid
+from data_collection.forward_tables import Grid, TimedPair, profile_pair, step_times, tile_ids, time_grid
 from decoding import pricing
 from decoding.actions import Action, ActionSpace
 from decoding.engine.cache import KVState

@@ -11,7 +11,7 @@ from models.loading import load_pair
 
 @pytest.mark.integration
 def test_train_draft_stage_writes_a_loadable_artifact_and_metrics(tmp_path):
-    from data_collection.trajectories import load_trajectories
+    from data_collection.trajectory_store import load_trajectories
 
     out, metrics, trajectories = tmp_path / "draft", tmp_path / "draft.json", tmp_path / "trajectories"
     overrides = {
@@ -87,7 +87,7 @@ def tiny_run(tmp_path_factory):
     import numpy as np
     from tiny_models import save_tiny_model, tiny_lm
 
-    from data_collection.trajectories import Trajectory, save_trajectories
+    from data_collection.trajectory_store import Trajectory, save_trajectories
     from models.self_draft import target_fingerprint
 
     base = tmp_path_factory.mktemp("measure_draft")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import TINY_VOCAB, tiny_lm
 
-from data_collection.trajectories import (
+from data_collection.trajectory_store import (
     Trajectory,
     TrajectoryError,
     load_trajectories,

@@ -1,6 +1,6 @@
 """Features and labels at the roots of one trajectory (ALGORITHMS.md sections 4-5).
 
-A *trajectory* is a prompt plus a target-sampled continuation (`data_collection.trajectories`). Its
+A *trajectory* is a prompt plus a target-sampled continuation (`data_collection.trajectory_store`). Its
 *roots* are every ``root_stride``-th continuation position r (the root token is ``seq[r]``, the context
 ``seq[:r]``; a root that is an EOS token is skipped, decoding would have stopped there). For each root:
 
