@@ -29,12 +29,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "decision_cost.json"
 
 def mean_seconds(fn, reps: int = 200) -> float:
     """The estimator issue #43 replaced: the mean of ``reps`` timed calls."""
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.mean(times))
+    from decoding.latency import timed_calls
+
+    return float(np.mean(timed_calls(fn, reps)))
 
 
 def timings(net, features) -> dict:

@@ -1,14 +1,14 @@
 """Whole decoded steps as ratios to a plain step: the measurement behind `decoding.pricing` (`LatencyModel.step_ratios`).
 
 `branchpoint profile` runs it after the forward tables. Every *step class* (each action of the grid verified by
-Traversal, each lookup chain length, and the plain step itself) is decoded with the engine's own loop, ``new_tokens`` tokens at a time, in *rounds*: each round decodes every
-class once from the same context, in an order rotated per round, each class decode between two plain decodes. Each
-step's seconds are divided by the mean plain step of the plain decodes right before and after it, so a machine that
+Traversal, each lookup chain length, and the plain step itself) is decoded with the engine's own loop, ``new_tokens``
+tokens at a time, in *rounds*: each round decodes every class once from the same context, in an order rotated per
+round, each class decode between two plain decodes. Each step's seconds are divided by the mean plain step of the plain decodes right before and after it, so a machine that
 runs 2-3x slower in one phase than in another (phases last seconds to minutes) moves numerator and denominator alike.
 A class's ratio is the mean of its normalised steps (means: throughput pays the mean, right tail included). Deciding is
 not a class: it adds ~2% of a step, a difference of whole steps a busy stretch swamps (median decide-over-plain read
-0.000, 0.056 and 0.000 in three quiet runs, and 0.237 beside a second decode), so it is timed alone
-(`data_collection.forward_tables.time_deciding`).
+0.000, 0.056 and 0.000 in three quiet runs, and 0.237 beside a second decode), so it is timed alone (`time_deciding`,
+below).
 
 One class measured alone is noisy (about 12% per shape over 4 rounds: 3,1,0 read 1.24x a plain step and 1,1,0
 1.45x, though K does not change a chain's step), so no class prices itself: one non-negative least-squares fit over

@@ -157,14 +157,8 @@ def _coefficients(d, name: str, terms: tuple[str, ...]) -> dict:
     return out
 
 
-def quiet_seconds(fn: Callable[[], object], reps: int = 200, blocks: int = 5, warmup: int = 3) -> float:
-    """Seconds of one ``fn()`` as a quiet machine pays it: the smallest of ``blocks`` medians of ``reps / blocks``
-    consecutive timed calls (after ``warmup`` untimed ones; fewer blocks when ``reps < blocks``). Load only adds time, so the quietest block is the
-    machine's own speed, and a median ignores the spikes inside it: the project's statistic for the small costs
-    a busy machine would swamp (deciding, the selector's forward). One mean of in-process timings read 0.24 ms on a
-    quiet machine and 16 ms next to a decode (issue #43)."""
-    if reps < 1 or blocks < 1:
-        raise ValueError(f"quiet_seconds needs reps >= 1 and blocks >= 1, got reps {reps}, blocks {blocks}")
+def timed_calls(fn: Callable[[], object], reps: int, warmup: int = 0) -> np.ndarray:
+    """``[reps]`` seconds of consecutive ``fn()`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
     times = np.empty(reps)
@@ -172,6 +166,18 @@ def quiet_seconds(fn: Callable[[], object], reps: int = 200, blocks: int = 5, wa
         start = time.perf_counter()
         fn()
         times[i] = time.perf_counter() - start
+    return times
+
+
+def quiet_seconds(fn: Callable[[], object], reps: int = 200, blocks: int = 5, warmup: int = 3) -> float:
+    """Seconds of one ``fn()`` as a quiet machine pays it: the smallest of ``blocks`` medians of ``reps / blocks``
+    consecutive timed calls (`timed_calls`, after ``warmup`` untimed ones; fewer blocks when ``reps < blocks``).
+    Load only adds time, so the quietest block is the machine's own speed, and a median ignores the spikes inside
+    it: the project's statistic for the small costs a busy machine would swamp (deciding, the selector's forward).
+    One mean of in-process timings read 0.24 ms on a quiet machine and 16 ms next to a decode (issue #43)."""
+    if reps < 1 or blocks < 1:
+        raise ValueError(f"quiet_seconds needs reps >= 1 and blocks >= 1, got reps {reps}, blocks {blocks}")
+    times = timed_calls(fn, reps, warmup)
     return float(min(np.median(b) for b in np.array_split(times, min(blocks, reps))))
 
 

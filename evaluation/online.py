@@ -3,8 +3,9 @@ numbers of the same static policies from labels (the stage ``branchpoint evaluat
 
 Terms:
 - a *policy* (`policies.registry.BuiltPolicy`, built by the registry, named for the metrics): what decides each step's
-  tree shape and method: autoregressive; *chain* speculative decoding (``naive`` on K = 1 chains) with its best static length; a method with its *best
-  static* action; an exported selector (``auto``: it picks method and action, or restricted to one method).
+  tree shape and method: autoregressive; *chain* speculative decoding (``naive`` on K = 1 chains) with its best
+  static length; a method with its *best static* action; an exported selector (``auto``: it picks method and action,
+  or restricted to one method).
 - *best static*: the speculating action (tree size >= 1) of the highest path TPS on the TRAIN roots'
   labels with the latency model's step times (`throughput.best_static`; ALGORITHMS.md section 6). The
   chain's labels are those of a collected method that verifies a chain as naive (standard speculative sampling;

@@ -145,7 +145,8 @@ def run(cfg, args) -> int:
     by_class = model.meta.get("step_ratios_by_class", {})
     shown = [k for k in ("traversal:2,0,1", "traversal:3,0,1", "traversal:1,2,0", "traversal:2,2,3", "lookup:4")
              if k in by_class]
-    print(f"whole steps over a plain step ({sr.plain_scale:.2f}x the tables' one-token pass); fitted tree {_terms(sr.tree)}, lookup chain {_terms(sr.chain)}"
+    print(f"whole steps over a plain step ({sr.plain_scale:.2f}x the tables' one-token pass); fitted tree "
+          f"{_terms(sr.tree)}, lookup chain {_terms(sr.chain)}"
           + ("; measured / fitted " + ", ".join(f"{k.split(':')[1]} {by_class[k]['ratio']:.2f} / "
                                                 f"{by_class[k]['fitted_ratio']:.2f}" for k in shown) if shown else ""))
     if model.verify_seconds:
