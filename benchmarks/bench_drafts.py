@@ -11,16 +11,17 @@ the way stage train_draft measures its artifact (`pipeline.train_draft.measure_d
 Rows:
 1. every trained draft given by ``--drafts`` (default: ``model.draft``, stage train_draft's artifact), named by its
    kind: ``self_draft`` (`models.self_draft`) and ``eagle`` (`models.eagle_draft`, a head on the target's last
-   hidden state). For the EAGLE head the chain model is exact at L = 1 only: deeper tokens are drafted from its own
-   predicted features, while the per-position acceptance here reads the target's (optimistic beyond L = 1; the
-   collect stage's labels measure the drafted trees as decoded);
+   hidden state). The EAGLE head drafts its deeper tokens from its own predicted features, so its acceptance is
+   measured per depth (`models.eagle_draft.EagleDraft.unrolled_logits`) and the chain model reads depth d's
+   acceptance at a chain's d-th token;
 2. ``layer_skip``: training-free layer skipping (Draft & Verify, SWIFT): the target's own layers with a searched set
    skipped (`layer_skip_draft`). The search is a one-shot importance order on VAL (acceptance with each single layer
    skipped; least harmful first), cut where the modelled chain speedup peaks; the best few cuts are measured on TEST.
 
 The chain model. A chain rooted at position t accepts its first j drafted tokens with probability
-``prod_{i<j} a[t+i]`` (``models.draft_data.chain_block_efficiency``), so its block efficiency there is
-``E[t, L] = 1 + sum_{j=1..L} prod_{i<j} a[t+i]``. A chain step costs, over a plain step at context c
+``prod_{i<j} a_{i+1}[t+i]`` (``models.draft_data.chain_block_efficiency``; ``a_d`` the acceptance at depth d, the
+same at every depth for a draft with its own cache), so its block efficiency there is
+``E[t, L] = 1 + sum_{j=1..L} prod_{i<j} a_{i+1}[t+i]``. A chain step costs, over a plain step at context c
 (`decoding.pricing`: the profile's fitted step line, with this draft's forwards in place of the profiled draft's),
 
     T(L) = tables * (t_p(c, 1 + L) / t_p(c, 1) + L * r) + step + forward * L + node * L      (r: step_time_ratio)
@@ -94,14 +95,17 @@ def layer_skip_draft(target, keep: list[int]):
     return draft
 
 
-def chain_efficiency(acceptance: list, length: int) -> np.ndarray:
+def chain_efficiency(acceptance: list, length: int, deeper: list = ()) -> np.ndarray:
     """``[n]`` E[t, L] of a chain of ``length`` rooted at every position with ``length`` positions ahead
-    (`models.draft_data.chain_efficiencies` of per-position acceptance arrays)."""
+    (`models.draft_data.chain_efficiencies` of per-position acceptance arrays; ``deeper``: per depth 2, 3, ...)."""
     import torch
 
     from models.draft_data import chain_efficiencies
 
-    return np.asarray(chain_efficiencies([torch.as_tensor(np.asarray(a)) for a in acceptance], length))
+    def tensors(rows):
+        return [torch.as_tensor(np.asarray(a)) for a in rows]
+
+    return np.asarray(chain_efficiencies(tensors(acceptance), length, [tensors(d) for d in deeper]))
 
 
 def chain_step_ratio(latency, context: float, length: int, draft_ratio: float) -> float:
@@ -111,11 +115,11 @@ def chain_step_ratio(latency, context: float, length: int, draft_ratio: float) -
     return float(tables * (passes + length * draft_ratio) + step + forward * length + node * length)
 
 
-def chain_speedup(acceptance: list, latency, context: float, draft_ratio: float) -> dict:
+def chain_speedup(acceptance: list, latency, context: float, draft_ratio: float, deeper: list = ()) -> dict:
     """The best chain along the decode path over autoregressive: ``{"L", "speedup", "by_L"}``."""
     by_length = {}
     for length in CHAIN_LENGTHS:
-        e = chain_efficiency(acceptance, length)
+        e = chain_efficiency(acceptance, length, deeper)
         if e.size:
             t = np.full((e.size, 1), chain_step_ratio(latency, context, length, draft_ratio))
             by_length[length] = throughput.path_tps(e[:, None], t, np.zeros(e.size, int))  # plain steps: AR is 1
@@ -188,17 +192,21 @@ def search_layer_skip(target, tokenizer, val, latency, context: float, progress:
 
 def _row(cfg, target, tokenizer, draft, test, latency, context: float) -> dict:
     """What train_draft measures of ``draft`` (acceptance per TEST setting, the step ratio) and the chain model."""
-    from models.draft_data import acceptance_per_position
+    from models.draft_data import position_stats
     from pipeline.train_draft import _continuations, setting_suffix
 
     td = cfg.train_draft
     row = _step_ratio(target, draft, tokenizer, test[0].prompt_ids, td.timing_context, td.timing_reps)
     for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
         group = [t for t in test if t.setting == (temperature, top_p)]
-        acc = acceptance_per_position(target, draft, _continuations(group), [temperature], top_p)[temperature]
-        name = setting_suffix(temperature, top_p)
+        stats = position_stats(target, draft, _continuations(group), [temperature], top_p,
+                               depth=max(CHAIN_LENGTHS))[temperature]
+        acc, name = stats.acceptance, setting_suffix(temperature, top_p)
         row[f"acceptance_test_{name}"] = float(np.concatenate([a.numpy() for a in acc]).mean())
-        row[f"best_chain_{name}"] = chain_speedup([a.numpy() for a in acc], latency, context, row["step_time_ratio"])
+        for d, rows in enumerate(stats.deeper[:2], start=2):
+            row[f"acceptance_test_{name}_depth{d}"] = float(np.concatenate([a.numpy() for a in rows]).mean())
+        row[f"best_chain_{name}"] = chain_speedup([a.numpy() for a in acc], latency, context, row["step_time_ratio"],
+                                                  [[a.numpy() for a in rows] for rows in stats.deeper])
     return row
 
 

@@ -119,41 +119,58 @@ class PositionStats:
 
     acceptance: list[torch.Tensor] = field(default_factory=list)  # sum_x min(p_T, q_T)
     target_entropy: list[torch.Tensor] = field(default_factory=list)  # entropy of p_T in nats
+    # a draft that reads its own features below the first token (`models.eagle_draft`): the acceptance at depth
+    # 2, 3, ... (`EagleDraft.unrolled_logits`), one list per depth like `acceptance`; empty for a draft whose
+    # deeper tokens see what teacher forcing shows it (a draft with its own cache: the sequence's tokens)
+    deeper: list[list[torch.Tensor]] = field(default_factory=list)
 
 
 @torch.no_grad()
-def continuation_logits(model: nn.Module, prompt: list[int], cont: list[int], device) -> torch.Tensor:
+def continuation_logits(model: nn.Module, prompt: list[int], cont: list[int], device, depth: int = 0):
     """``[Lc, V]`` float logits of ``model`` at the positions predicting ``cont`` after ``prompt`` (one forward of
-    the whole sequence, no cache)."""
+    the whole sequence, no cache); with ``depth`` > 0 (a draft with ``unrolled_logits``) a list of them, one per
+    draft depth 1..``depth``."""
     ids = torch.tensor([prompt + cont], device=device)  # [1, Lp + Lc]
     span = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
+    if depth:
+        return [z[0, span].float() for z in model.unrolled_logits(ids, depth)]
     return model(input_ids=ids, use_cache=False).logits[0, span].float()
 
 
 def position_stats(
-    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float], top_p: float = 1.0
+    target: nn.Module, draft: nn.Module, data: Continuations, temperatures: list[float], top_p: float = 1.0,
+    depth: int = 1,
 ) -> dict[float, PositionStats]:
     """For each T: token acceptance and target entropy at every position that predicts a continuation token,
     with p and q after the sampling transform (T, then ``top_p``; T = 0 is greedy: one-hot rows).
 
     Both models see the whole sequence (prompt + continuation) in one forward; the draft through its
-    ordinary call (`forward`), so a prepacked / vocabulary-subset draft is measured as it decodes.
+    ordinary call (`forward`), so a prepacked / vocabulary-subset draft is measured as it decodes. With
+    ``depth`` > 1, a draft that drafts deeper tokens from its own features (``unrolled_logits``) is also measured
+    at depths 2..``depth`` (`PositionStats.deeper`).
     """
     device = next(target.parameters()).device
-    out = {t: PositionStats() for t in temperatures}
+    unrolls = depth > 1 and hasattr(draft, "unrolled_logits")
+    out = {t: PositionStats(deeper=[[] for _ in range(depth - 1)] if unrolls else []) for t in temperatures}
     for prompt, cont in zip(data.prompts, data.continuations, strict=True):
         if not cont:
             for t in temperatures:
-                out[t].acceptance.append(torch.zeros(0))
-                out[t].target_entropy.append(torch.zeros(0))
+                for rows in (out[t].acceptance, out[t].target_entropy, *out[t].deeper):
+                    rows.append(torch.zeros(0))
             continue
         p_logits = continuation_logits(target, prompt, cont, device)  # [Lc, V]
-        q_logits = continuation_logits(draft, prompt, cont, device)  # [Lc, V], -inf outside S
-        vocab = min(p_logits.shape[-1], q_logits.shape[-1])
+        if unrolls:
+            q_by_depth = continuation_logits(draft, prompt, cont, device, depth)  # depth x [Lc, V]
+        else:
+            q_by_depth = [continuation_logits(draft, prompt, cont, device)]  # [Lc, V], -inf outside S
+        vocab = min(p_logits.shape[-1], q_by_depth[0].shape[-1])
         for t in temperatures:
             sampling = Sampling(t, top_p)
-            p, q = transform_logits(p_logits, sampling, vocab), transform_logits(q_logits, sampling, vocab)
-            out[t].acceptance.append(torch.minimum(p, q).sum(-1).cpu())  # [Lc]
+            p = transform_logits(p_logits, sampling, vocab)
+            acc = [torch.minimum(p, transform_logits(q, sampling, vocab)).sum(-1).cpu() for q in q_by_depth]
+            out[t].acceptance.append(acc[0])  # [Lc]
+            for rows, a in zip(out[t].deeper, acc[1:], strict=True):
+                rows.append(a)
             out[t].target_entropy.append(torch.special.entr(p).sum(-1).cpu())  # [Lc], nats
     return out
 
@@ -187,20 +204,28 @@ def breakdown(stats: PositionStats, groups: list[str]) -> dict[str, dict[str, di
     return {"by_source": by_group, "by_target_entropy_nats": by_entropy}
 
 
-def chain_block_efficiency(acceptance: list[torch.Tensor], draft_len: int) -> float:
+def chain_block_efficiency(acceptance: list[torch.Tensor], draft_len: int,
+                           deeper: list[list[torch.Tensor]] = ()) -> float:
     """Expected tokens per target pass of chain drafting with ``draft_len`` tokens, from per-position acceptance.
 
-    A chain rooted at position t accepts its first j tokens with probability ``prod_{i<j} a[t+i]`` (positions
-    along the target's own trajectory stand in for the drafted ones); block efficiency = 1 + sum over j of
-    that product. Averaged over all roots with a full chain ahead.
+    A chain whose first token is drafted at position t accepts its first j tokens with probability
+    ``prod_{i<j} a_{i+1}[t+i]`` (positions along the target's own trajectory stand in for the drafted ones), where
+    ``a_1`` is ``acceptance`` and ``a_d`` for d >= 2 is ``deeper[d - 2]`` (the last one given stands for every
+    depth beyond it; none given: ``acceptance`` at every depth); block efficiency = 1 + sum over j of that
+    product. Averaged over all roots with a full chain ahead.
     """
-    values = chain_efficiencies(acceptance, draft_len)
+    values = chain_efficiencies(acceptance, draft_len, deeper)
     return sum(values) / max(len(values), 1)
 
 
-def chain_efficiencies(acceptance: list[torch.Tensor], draft_len: int) -> list[float]:
+def chain_efficiencies(acceptance: list[torch.Tensor], draft_len: int,
+                       deeper: list[list[torch.Tensor]] = ()) -> list[float]:
     """`chain_block_efficiency` at every root with a full chain ahead, in order (continuation by continuation)."""
-    return [1.0 + float(torch.cumprod(a[t : t + draft_len].double(), 0).sum())
-            for a in acceptance for t in range(0, len(a) - draft_len)]
-
-
+    by_depth = [acceptance, *deeper]
+    values = []
+    for c in range(len(acceptance)):
+        rows = [by_depth[min(d, len(by_depth) - 1)][c] for d in range(draft_len)]  # depth d + 1 at every position
+        for t in range(0, len(acceptance[c]) - draft_len):
+            chain = torch.tensor([float(rows[d][t + d]) for d in range(draft_len)], dtype=torch.float64)
+            values.append(1.0 + float(torch.cumprod(chain, 0).sum()))
+    return values

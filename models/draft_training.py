@@ -13,6 +13,14 @@ vocabulary subset S (ids of the top-K outside S are skipped: q is 0 there, nothi
 - plus ``tv_weight * (1 - sum_x min(p, q))`` over the top-K: the rejection probability of one drafted
   token, the quantity speculative decoding pays for (a lower bound of acceptance, logged as
   ``train/acceptance_T1.0``).
+
+Training-time test (``unroll`` > 1, the EAGLE head only; HASS, Zhang et al. 2025, and EAGLE-3 train this way):
+below the first drafted token the head reads its own feature, not the target's, so a training example is a
+run of ``unroll`` consecutive positions of one continuation. Depth 1 reads the record's input ``[h_{t-1}, e(x_t)]``;
+depth d reads ``[f_{d-1}, e(x_{t+d-1})]``, the head's own feature one step up (gradients flow through it) and the
+embedding half of the next record; each depth is scored against its own position's top-K. The loss weighs depth d
+by ``unroll_decay ** (d - 1)`` (a deeper token only counts when the ones above it were accepted), normalized to sum
+to 1, so ``unroll = 1`` is the loss above.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ class DistillHParams:
     negatives: int  # sampled-softmax negatives per training step (0 = exact softmax over S)
     val_every: int  # optimizer steps between validations
     seed: int
+    unroll: int  # draft depths per training example (1 = teacher forcing only; > 1: the EAGLE head only)
+    unroll_decay: float  # weight of depth d in the loss: unroll_decay ** (d - 1)
 
 
 def rank_vocabulary(top_ids: torch.Tensor, top_logp: torch.Tensor, vocab_size: int, size: int,
@@ -59,17 +69,37 @@ def rank_vocabulary(top_ids: torch.Tensor, top_logp: torch.Tensor, vocab_size: i
 
 
 class RecordDataset(Dataset):
-    """Distillation records indexed by a list of positions (one whole batch per `__getitem__`)."""
+    """Distillation records indexed by a list of positions (one whole batch per `__getitem__`).
 
-    def __init__(self, hidden: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor):
-        self.hidden, self.top_ids, self.top_logp = hidden, top_ids, top_logp
+    With ``unroll`` > 1 (``record_seq`` then required, the EAGLE head's records of width 2H) an index is a run of
+    ``unroll`` consecutive records of one continuation, and a batch is ``(input [b, 2H], the embedding half of
+    the run's next records [b, unroll - 1, H], top_ids [b, unroll, K], top_logp [b, unroll, K])``."""
+
+    def __init__(self, hidden: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor,
+                 record_seq: torch.Tensor | None = None, unroll: int = 1):
+        self.hidden, self.top_ids, self.top_logp, self.unroll = hidden, top_ids, top_logp, unroll
+        if unroll < 1:
+            raise ValueError(f"unroll must be >= 1, got {unroll}")
+        if unroll == 1:
+            self.starts = None
+            return
+        if record_seq is None:
+            raise ValueError("unrolled records need record_seq (which continuation each record belongs to)")
+        n = int(hidden.shape[0])
+        ends = torch.arange(n - unroll + 1)
+        self.starts = ends[record_seq[ends] == record_seq[ends + unroll - 1]]  # runs inside one continuation
 
     def __len__(self) -> int:
-        return int(self.hidden.shape[0])
+        return int(self.hidden.shape[0]) if self.starts is None else int(self.starts.numel())
 
     def __getitem__(self, rows):
         rows = torch.as_tensor(rows)
-        return self.hidden[rows].float(), self.top_ids[rows], self.top_logp[rows]
+        if self.starts is None:
+            return self.hidden[rows].float(), self.top_ids[rows], self.top_logp[rows]
+        run = self.starts[rows][:, None] + torch.arange(self.unroll)  # [b, unroll]
+        h = self.hidden.shape[1] // 2
+        return (self.hidden[run[:, 0]].float(), self.hidden[run[:, 1:], h:].float(),
+                self.top_ids[run], self.top_logp[run])
 
 
 class DistillDataModule(pl.LightningDataModule):
@@ -88,19 +118,38 @@ class DistillDataModule(pl.LightningDataModule):
 
 
 def distill_terms(draft: SelfDraft, pos_in_subset: torch.Tensor, hidden, top_ids, top_logp, negatives: int = 0):
-    """Per-batch means of (KL(p||q) over the top-K in S, acceptance lower bound at T = 1).
+    """Per-batch means of (KL(p||q) over the top-K in S, acceptance lower bound at T = 1) of the draft's input
+    ``hidden`` [b, D]; `feature_terms` of its feature."""
+    f = draft.final_norm(draft.adapter(hidden.to(draft.dtype)))  # records hold float16 rows, read as float32
+    return feature_terms(draft, pos_in_subset, f, top_ids, top_logp, negatives)
+
+
+def unrolled_terms(draft, pos_in_subset: torch.Tensor, hidden, next_embeds, top_ids, top_logp,
+                   negatives: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`distill_terms` at each depth of a training-time test (module docstring): ``hidden`` [b, 2H],
+    ``next_embeds`` [b, D - 1, H], ``top_ids`` / ``top_logp`` [b, D, K] -> D pairs (kl, acceptance)."""
+    f = draft.final_norm(draft.adapter(hidden.to(draft.dtype)))
+    terms = [feature_terms(draft, pos_in_subset, f, top_ids[:, 0], top_logp[:, 0], negatives)]
+    for d in range(1, top_ids.shape[1]):
+        f = draft.final_norm(draft.adapter(torch.cat([f, next_embeds[:, d - 1].to(draft.dtype)], dim=-1)))
+        terms.append(feature_terms(draft, pos_in_subset, f, top_ids[:, d], top_logp[:, d], negatives))
+    return terms
+
+
+def feature_terms(draft, pos_in_subset: torch.Tensor, f, top_ids, top_logp, negatives: int = 0):
+    """Per-batch means of (KL(p||q) over the top-K in S, acceptance lower bound at T = 1), q = softmax of the
+    head over S at the draft's features ``f`` [b, H].
 
     ``negatives = 0``: q normalized exactly over S. ``negatives = r > 0`` (training speed-up, sampled
     softmax): logits are computed only for the *candidates* U (the batch's top-K ids in S) and r ids drawn
     uniformly from S \\ U, whose exp-logits are scaled by ``|S \\ U| / r`` in the normalizer (an unbiased
     estimate of its tail).
     """
-    hidden = hidden.to(draft.dtype)  # records hold float16 rows, read as float32; a bf16 draft's adapter is bf16
     pos = pos_in_subset[top_ids]  # [b, K], index in S or -1 outside S
     valid = pos >= 0
     n_subset = draft.vocab_subset.numel()
     if negatives <= 0 or negatives >= n_subset:
-        logq = torch.log_softmax(draft.head_logits(hidden).float(), dim=-1)  # [b, N]
+        logq = torch.log_softmax(draft.head(f).float(), dim=-1)  # [b, N]
         logq_top = logq.gather(1, pos.clamp_min(0))  # [b, K]
     else:
         cand, inverse = torch.unique(pos[valid], return_inverse=True)  # [U]; index of each valid entry in cand
@@ -109,9 +158,8 @@ def distill_terms(draft: SelfDraft, pos_in_subset: torch.Tensor, hidden, top_ids
         rest = outside.nonzero()[:, 0]  # [N - U]
         r = min(negatives, rest.numel())
         neg = rest[torch.randperm(rest.numel(), device=pos.device)[:r]]  # [r]
-        u = draft.final_norm(draft.adapter(hidden))  # [b, H]
         rows = torch.cat([cand, neg])
-        z = (u @ draft.head.weight[rows].T + draft.head.bias[rows]).float()  # [b, U + r]
+        z = (f @ draft.head.weight[rows].T + draft.head.bias[rows]).float()  # [b, U + r]
         if r > 0:
             z = torch.cat([z[:, : cand.numel()], z[:, cand.numel():] + math.log(rest.numel() / r)], dim=1)
         log_z = torch.logsumexp(z, dim=-1, keepdim=True)  # [b, 1]
@@ -143,15 +191,27 @@ class DraftDistillation(pl.LightningModule):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return list(self.draft.adapter.parameters()) + [self.draft.head.bias]
 
+    def _terms(self, batch, negatives: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(kl, acceptance) per draft depth of a batch (one depth unless the records are unrolled)."""
+        if len(batch) == 3:
+            return [distill_terms(self.draft, self.pos_in_subset, *batch, negatives=negatives)]
+        return unrolled_terms(self.draft, self.pos_in_subset, *batch, negatives=negatives)
+
+    def _log_terms(self, split: str, terms, **kw) -> None:
+        kl, acc = terms[0]
+        logged = {f"{split}/kl": kl, f"{split}/acceptance_T1.0": acc}
+        logged.update({f"{split}/acceptance_T1.0_depth{d + 1}": a for d, (_, a) in enumerate(terms) if d})
+        self.log_dict(logged, prog_bar=True, **kw)
+
     def training_step(self, batch, _idx):
-        kl, acc = distill_terms(self.draft, self.pos_in_subset, *batch, negatives=self.hp.negatives)
-        self.log_dict({"train/kl": kl, "train/acceptance_T1.0": acc}, prog_bar=True)
-        return kl + self.hp.tv_weight * (1.0 - acc)
+        terms = self._terms(batch, self.hp.negatives)
+        self._log_terms("train", terms)
+        weights = [self.hp.unroll_decay ** d for d in range(len(terms))]
+        loss = sum(w * (kl + self.hp.tv_weight * (1.0 - acc)) for w, (kl, acc) in zip(weights, terms, strict=True))
+        return loss / sum(weights)
 
     def validation_step(self, batch, _idx):
-        kl, acc = distill_terms(self.draft, self.pos_in_subset, *batch)
-        n = batch[0].shape[0]
-        self.log_dict({"val/kl": kl, "val/acceptance_T1.0": acc}, batch_size=n, prog_bar=True)
+        self._log_terms("val", self._terms(batch, 0), batch_size=batch[0].shape[0])
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.trainable_parameters(), lr=self.hp.lr, weight_decay=self.hp.weight_decay)

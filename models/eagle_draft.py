@@ -160,11 +160,22 @@ class EagleDraft(nn.Module):
         if use_cache:
             raise SelfDraftError("the EAGLE draft keeps no cache: the decoder calls its `step` "
                                  "(decoding.engine), sequences go through forward(use_cache=False)")
+        return _Output(self.unrolled_logits(input_ids, 1, attention_mask)[0], None)
+
+    def unrolled_logits(self, input_ids: torch.Tensor, depth: int, attention_mask=None) -> list[torch.Tensor]:
+        """q by draft depth, as a chain drafts it: element ``j - 1`` ([B, n, V]) holds, at position t, the draft
+        at depth j of a chain whose first token was drafted j - 1 positions earlier from the target's feature;
+        below that token it read its own features (the decoder's `step`), with the sequence's tokens as the
+        drafted ones. Depth 1 is teacher forcing (`forward`). Positions with no predecessor read a zero feature."""
         target = self._target[0]
         feats = target.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        h_prev = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], dim=1)  # [B, n, H]
-        x = torch.cat([h_prev.to(self.dtype), self.embed_tokens(input_ids)], dim=-1)
-        return _Output(self.full_logits(self.head_logits(x)), None)
+        emb = self.embed_tokens(input_ids).to(self.dtype)  # [B, n, H]
+        out, f = [], feats.to(self.dtype)
+        for _ in range(depth):
+            h_prev = torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], dim=1)  # [B, n, H]: one position back
+            f = self.final_norm(self.adapter(torch.cat([h_prev, emb], dim=-1)))
+            out.append(self.full_logits(self._subset_head(f)))
+        return out
 
     # --- artifact -----------------------------------------------------------------------------------------
     def trained_state(self) -> dict[str, torch.Tensor]:

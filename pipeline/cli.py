@@ -19,7 +19,7 @@ COMMANDS = {
     "info": ("pipeline.info", "print the resolved config, versions, device and the loaded model pair"),
     "decode": ("pipeline.decode", "speculatively decode one prompt and print the text and statistics"),
     "trajectories": ("pipeline.trajectories", "sample target continuations of every prompt once (stage trajectories)"),
-    "train-draft": ("pipeline.train_draft", "train the self-speculative draft adapter (stage train_draft)"),
+    "train-draft": ("pipeline.train_draft", "train the draft of the target: an EAGLE head or a self-draft adapter (stage train_draft)"),
     "profile": ("pipeline.profile", "time draft steps and target tree passes on this machine (stage profile)"),
     "collect": ("pipeline.collect", "features + measured block efficiency at every root of the trajectories "
                                     "(stage collect)"),

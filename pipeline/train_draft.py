@@ -33,7 +33,7 @@ import argparse
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from decoding.files import write_json_atomic
@@ -114,7 +114,7 @@ def _records(cfg, target, trajectories, split: str, eagle: bool = False):
                          "give that split a positive fraction in prompts.split and rerun `branchpoint trajectories`")
     rec = distillation_records(target, _continuations(trajectories), None if eagle else td.layers, td.top_k,
                                td.forward_batch_size, progress=f"teacher forcing {split.upper()} trajectories")
-    return rec.hidden, rec.top_ids, rec.top_logp
+    return rec.hidden, rec.top_ids, rec.top_logp, rec.record_seq
 
 
 def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool = False) -> dict:
@@ -125,6 +125,7 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
 
     td = cfg.train_draft
     eagle = draft_kind(cfg) == "eagle"
+    unroll = td.unroll if eagle else 1  # a self-draft drafts deeper tokens through its cache, as teacher forcing
     start = time.perf_counter()
     with _threads(cfg.model.threads):  # forwards of the frozen target: every core helps
         train_rec = _records(cfg, target, trajectories["draft"], "draft", eagle)
@@ -151,11 +152,12 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
         "draft_prompts": len({t.prompt_id for t in trajectories["draft"]}),
         "train_records": int(train_rec[0].shape[0]), "val_records": int(val_rec[0].shape[0]),
     })
-    data = DistillDataModule(RecordDataset(*train_rec), RecordDataset(*val_rec), td.batch_size, td.seed)
+    data = DistillDataModule(RecordDataset(*train_rec, unroll=unroll), RecordDataset(*val_rec, unroll=unroll),
+                             td.batch_size, td.seed)
     start = time.perf_counter()
-    fit_draft(draft, data, distill_hparams(td), logger=logger, progress=progress)
+    fit_draft(draft, data, replace(distill_hparams(td), unroll=unroll), logger=logger, progress=progress)
     train_seconds = time.perf_counter() - start
-    coverage = _subset_coverage(subset, *val_rec[1:])
+    coverage = _subset_coverage(subset, *val_rec[1:3])
     facts = {"train_seconds": train_seconds, "records_seconds": records_seconds,
              "train_records": int(train_rec[0].shape[0]), "val_records": int(val_rec[0].shape[0]),
              "vocab_subset_size": int(subset.numel()), "vocab_subset_val_mass": coverage,
@@ -177,9 +179,13 @@ def setting_suffix(temperature: float, top_p: float) -> str:
     return f"T{temperature}" + ("" if top_p == 1.0 else f"_top_p{top_p}")
 
 
+CHAIN_LENGTHS = (2, 4, 6)  # chains whose expected block efficiency the metrics report
+
+
 def measure_draft(cfg, target, tokenizer, draft, test: list) -> dict:
     """Step 3 for any ``draft`` of ``target``: acceptance on the TEST trajectories at each of their sampling
-    settings (overall, by prompt source and by target entropy), step-time ratio, expected chain efficiency."""
+    settings (overall, by prompt source and by target entropy; a draft that reads its own features below the first
+    token also by depth), step-time ratio, expected chain efficiency."""
     import torch
 
     from data_collection.forward_tables import TimedPair, step_times, tile_ids
@@ -193,14 +199,17 @@ def measure_draft(cfg, target, tokenizer, draft, test: list) -> dict:
     metrics: dict = {"test_prompts": len({t.prompt_id for t in test})}
     for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
         group = [t for t in test if t.setting == (temperature, top_p)]
-        stats = position_stats(target, draft, _continuations(group), [temperature], top_p)[temperature]
+        stats = position_stats(target, draft, _continuations(group), [temperature], top_p,
+                               depth=max(CHAIN_LENGTHS))[temperature]
         acc, name = stats.acceptance, setting_suffix(temperature, top_p)
         flat = torch.cat(acc)
         metrics[f"acceptance_test_{name}"] = float(flat.mean())
         metrics[f"test_positions_{name}"] = int(flat.numel())
+        for d, rows in enumerate(stats.deeper, start=2):
+            metrics[f"acceptance_test_{name}_depth{d}"] = float(torch.cat(rows).mean())
         metrics[f"breakdown_test_{name}"] = breakdown(stats, [t.source for t in group])
-        for n in (2, 4, 6):
-            metrics[f"expected_chain_block_efficiency_L{n}_{name}"] = chain_block_efficiency(acc, n)
+        for n in CHAIN_LENGTHS:
+            metrics[f"expected_chain_block_efficiency_L{n}_{name}"] = chain_block_efficiency(acc, n, stats.deeper)
     ids = test[0].prompt_ids
     pair = TimedPair(target, draft, common_vocab_size(target, draft, tokenizer))
     metrics.update(step_times(pair, tile_ids(ids, td.timing_context), reps=td.timing_reps))

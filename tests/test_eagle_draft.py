@@ -17,8 +17,8 @@ from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
 from decoding.engine.torch_sampling import prob_rows
 from decoding.sampling import Sampling
-from models.draft_data import Continuations, distillation_records
-from models.draft_training import distill_terms
+from models.draft_data import Continuations, distillation_records, position_stats
+from models.draft_training import RecordDataset, distill_terms, unrolled_terms
 from models.eagle_draft import EagleDraft, EagleDraftConfig, load_eagle_draft, quantize_rows
 from models.gguf_blocks import QuantizedMatrix
 from models.int4 import Int4Linear
@@ -223,3 +223,78 @@ def test_the_decode_loop_samples_the_target_law_smollm2(smollm2_pair, smol_eagle
                for s in range(300)]
     pval, bins = chi_square_test(samples, law)
     assert bins >= 3 and pval > 1e-3
+
+
+@torch.inference_mode()
+def test_unrolled_logits_are_the_decoders_chain(pair):
+    """Depth d at position t is the chain the decoder drafts: the first token from the target's feature d - 1
+    positions back, then the head's own features (`step`), the sequence's tokens as the drafted ones."""
+    target, draft = pair
+    ids = torch.tensor([PROMPT + [3, 17, 22, 8]])
+    by_depth = draft.unrolled_logits(ids, 3)
+    assert torch.equal(by_depth[0], draft(input_ids=ids).logits)  # depth 1 is teacher forcing
+    feats = target.model(input_ids=ids).last_hidden_state[0]  # [n, H]
+    for t in range(3, ids.shape[1]):
+        h = feats[t - 3 : t - 2]  # the target's feature before the chain's first token, ids[t - 2]
+        for d in range(3):
+            logits, h = draft.step(h, ids[0, t - 2 + d : t - 1 + d])
+        assert torch.allclose(by_depth[2][0, t], logits[0], atol=1e-5)
+    assert not torch.allclose(by_depth[1], by_depth[0], atol=1e-3)  # own features differ from the target's
+
+    data = Continuations([PROMPT], [[3, 17, 22, 8]])
+    stats = position_stats(target, draft, data, [1.0], depth=3)[1.0]
+    assert len(stats.deeper) == 2 and stats.deeper[1][0].shape == (4,)
+    assert stats.deeper[1][0][-1] < 1.0 and stats.deeper[1][0][-1] > 0.0
+    assert position_stats(target, draft, data, [1.0])[1.0].deeper == []  # depth 1: nothing deeper
+
+
+def test_unrolled_records_stay_inside_a_continuation_and_match_the_chain(pair):
+    """An unrolled training example is a run of consecutive positions of one continuation; its depth-1 terms are
+    the plain terms of its first record, its deeper inputs the next records' embedding halves."""
+    target, draft = pair
+    data = Continuations([PROMPT, PROMPT[:3]], [[3, 17, 22, 8, 9], [4, 5, 6]])
+    rec = distillation_records(target, data, None, top_k=8)
+    runs = RecordDataset(rec.hidden, rec.top_ids, rec.top_logp, rec.record_seq, unroll=3)
+    assert len(runs) == (5 - 2) + (3 - 2)  # no run crosses from one continuation into the next
+    hidden, next_embeds, top_ids, top_logp = runs[[0, 3]]
+    assert next_embeds.shape == (2, 2, 64) and top_ids.shape == (2, 3, 8)
+    assert torch.equal(next_embeds[1, 1], rec.hidden[7, 64:].float())  # the second continuation's third record
+    assert torch.equal(top_ids[1], rec.top_ids[5:8])
+    pos = torch.full((VOCAB,), -1, dtype=torch.long)
+    pos[draft.vocab_subset] = torch.arange(draft.vocab_subset.numel())
+    with torch.no_grad():
+        terms = unrolled_terms(draft, pos, hidden, next_embeds, top_ids, top_logp)
+        flat = distill_terms(draft, pos, hidden, top_ids[:, 0], top_logp[:, 0])
+    assert len(terms) == 3 and torch.allclose(terms[0][0], flat[0]) and torch.allclose(terms[0][1], flat[1])
+    with pytest.raises(ValueError, match="record_seq"):
+        RecordDataset(rec.hidden, rec.top_ids, rec.top_logp, unroll=2)
+
+
+def test_training_time_test_raises_the_deeper_acceptance():
+    """Unrolled training (depth 2 scored on the head's own feature) fits depth 2 better than teacher forcing alone,
+    from the same start and the same steps."""
+    target = tiny_target()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = target.generate(torch.tensor([PROMPT] * 32), do_sample=True, max_new_tokens=24, min_new_tokens=24,
+                              pad_token_id=0, eos_token_id=None)
+    data = Continuations([PROMPT] * 32, [row[len(PROMPT):].tolist() for row in out])
+    rec = distillation_records(target, data, None, top_k=16)
+    runs = RecordDataset(rec.hidden, rec.top_ids, rec.top_logp, rec.record_seq, unroll=2)
+    batch = runs[list(range(len(runs)))]
+    depth2 = {}
+    for unroll in (1, 2):
+        draft = eagle_of(target)
+        pos = torch.full((VOCAB,), -1, dtype=torch.long)
+        pos[draft.vocab_subset] = torch.arange(draft.vocab_subset.numel())
+        opt = torch.optim.Adam(list(draft.adapter.parameters()) + [draft.head.bias], lr=3e-3)
+        draft.train()
+        for _ in range(150):
+            terms = unrolled_terms(draft, pos, *batch)[:unroll]
+            loss = sum(kl + 1.0 - acc for kl, acc in terms)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            depth2[unroll] = float(unrolled_terms(draft.eval(), pos, *batch)[1][1])
+    assert depth2[2] > depth2[1] + 0.02, depth2

@@ -243,6 +243,11 @@ def test_chain_block_efficiency_by_hand():
     acc = [torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.9])]
     # n = 2: roots 0, 1 of the first (1 + 0.5 + 0.25 each), root 0 of the second (1 + 1 + 0); none in the third
     assert chain_block_efficiency(acc, 2) == pytest.approx((1.75 + 1.75 + 2.0) / 3)
+    # a second depth's acceptance replaces the first below the chain's first token
+    deeper = [[torch.tensor([0.2, 0.2, 0.2, 0.2]), torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0.0])]]
+    # roots 0, 1 of the first: 1 + 0.5 + 0.5 * 0.2; root 0 of the second: 1 + 1 * (1 + 1.0)
+    assert chain_block_efficiency(acc, 2, deeper) == pytest.approx((1.6 + 1.6 + 3.0) / 3)
+    assert chain_block_efficiency(acc, 0) == 1.0
 
 
 def test_breakdown_groups_positions_by_source_and_target_entropy():

@@ -29,6 +29,11 @@ class TrainDraftConfig:
     tv_weight: float = 3.0  # loss = KL(p||q) + tv_weight * (1 - sum min(p, q)), over the top-k
     negatives: int = 1024  # sampled-softmax negatives per step (0 = exact softmax over the subset)
     val_every: int = 500  # steps between validations on the VAL split's trajectories
+    # eagle only (a self_draft uses 1): draft depths per training example (training-time test: below the
+    # first token the head reads its own feature, as it drafts); depth d weighs unroll_decay ** (d - 1) in
+    # the loss (models/draft_training.py)
+    unroll: int = 3  # stop 57: depth-2 TEST acceptance 0.233 -> 0.375 at T = 1 (docs/draft.md)
+    unroll_decay: float = 0.5
     # evaluation on the TEST split's trajectories (at their own sampling settings): acceptance of q vs p
     timing_context: int = 256  # context length of the step-time measurement
     timing_reps: int = 30
