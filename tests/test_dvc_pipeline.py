@@ -75,3 +75,23 @@ def test_every_stage_param_is_in_params_yaml():
             section, _, field = key.partition(".")
             assert section in params and (not field or field in (params[section] or {})), \
                 f"stage {name}: {key} is not in params.yaml"
+
+
+# Fields of a stage's own section that cannot change its outputs, so an edit of them reruns nothing: CPU threads,
+# sequences per batch of a batch-invariant forward, and where MLflow records the run.
+NOT_OUTPUT_KNOBS = {
+    "trajectories": {"threads", "batch_size"},
+    "train_draft": {"threads", "forward_batch_size", "tracking_uri", "experiment"},
+}
+
+
+def test_a_stage_lists_every_field_of_its_own_section():
+    """A field of the stage's own section missing from its params is one dvc does not watch: editing it (e.g.
+    train_draft.unroll, which stop 57 added and first forgot here) would leave the stage's outputs stale."""
+    for name, stage in stages().items():
+        if name not in SECTIONS:
+            continue
+        listed = {key.partition(".")[2] for key in stage.get("params", []) if key.startswith(f"{name}.")}
+        fields = {f.name for f in dataclasses.fields(section_class(name))}
+        missing = fields - listed - NOT_OUTPUT_KNOBS.get(name, set())
+        assert not missing, f"stage {name}: dvc.yaml does not list {sorted(missing)} of its own section"
