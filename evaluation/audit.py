@@ -9,7 +9,9 @@ same context lengths (`evaluation.online.priced`). Summed over a policy's runs:
   *relative* price does not, and relative prices are what the selector's decisions rest on. It holds when within
   1 +- `TOLERANCE` (the selector's gains are 4-8%: a 5% error flips them).
 
-The prefill (the target's, and the draft's first forward where a policy drafts) is its own line.
+The prefill (the target's, and the draft's first forward where a policy drafts) is its own line. For a policy that
+decides with features, ``deciding`` sets what choosing measured in the decoder (features and ``select``, per decided
+step) beside its price (`evaluation.online.deciding`): the part of a step the profile and stage train time apart.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ def pricing_audit(runs: Sequence[dict], reference: str = AUTOREGRESSIVE) -> dict
         entry = out.setdefault(r["policy"], {"modelled_seconds": 0.0, "measured_seconds": 0.0, "prefill_seconds": 0.0,
                                              "steps": 0, "by_class": {}})
         entry["prefill_seconds"] += float(r["time_s"].get("prefill", 0.0))
+        if r.get("deciding"):
+            d = entry.setdefault("deciding", {"steps": 0, "measured_seconds": 0.0, "modelled_seconds": 0.0})
+            for key, value in zip(("steps", "measured_seconds", "modelled_seconds"), r["deciding"], strict=True):
+                d[key] += value
         for klass, (steps, measured, modelled) in r["priced"].items():
             c = entry["by_class"].setdefault(klass, {"steps": 0, "measured_seconds": 0.0, "modelled_seconds": 0.0})
             c["steps"] += steps
@@ -56,6 +62,10 @@ def pricing_audit(runs: Sequence[dict], reference: str = AUTOREGRESSIVE) -> dict
         entry["relative_to_autoregressive"] = rel
         entry["holds"] = rel is not None and abs(rel - 1) <= TOLERANCE
         entry["by_class"] = dict(sorted(entry["by_class"].items(), key=lambda kv: -kv[1]["steps"]))
+        d = entry.get("deciding")
+        if d and d["steps"]:
+            d["measured_ms_per_step"] = 1000 * d["measured_seconds"] / d["steps"]
+            d["modelled_ms_per_step"] = 1000 * d["modelled_seconds"] / d["steps"]
     return out
 
 
@@ -75,4 +85,9 @@ def audit_table(audit: dict[str, dict], top_classes: int = 3) -> str:
         rows.append(f"| {name} | {e['steps']} | {e['modelled_seconds']:.2f} | {e['measured_seconds']:.2f} | "
                     f"{e['measured_over_modelled']:.3f} | {'-' if rel is None else f'{rel:.3f}'}{flag} | "
                     f"{e['prefill_seconds']:.2f} | {classes} |")
+    deciding = [f"{name} {e['deciding']['measured_ms_per_step']:.3f} vs {e['deciding']['modelled_ms_per_step']:.3f}"
+                for name, e in audit.items() if e.get("deciding", {}).get("steps")]
+    if deciding:
+        rows += ["", "Deciding, ms per decided step, measured in the decoder (features + `select`) vs priced: "
+                 + "; ".join(deciding) + "."]
     return "\n".join(rows)

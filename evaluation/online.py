@@ -177,7 +177,8 @@ def offline_tps(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], statics
     return out
 
 
-def _run_record(unit, seed: int, policy: BuiltPolicy, stats, choices: Counter, priced: dict) -> dict:
+def _run_record(unit, seed: int, policy: BuiltPolicy, stats, choices: Counter, priced: dict,
+                deciding: list[float] | None = None) -> dict:
     return {"policy": policy.name, "prompt_id": unit.prompt_id, "source": unit.source,
             "temperature": float(unit.temperature), "top_p": float(unit.top_p), "seed": int(seed),
             "tokens": int(stats.new_tokens), "seconds": float(stats.time_total), "emitted": int(stats.emitted),
@@ -185,7 +186,7 @@ def _run_record(unit, seed: int, policy: BuiltPolicy, stats, choices: Counter, p
             "depth_accepted": list(stats.depth_accepted), "choices": dict(choices),
             "time_s": {"draft": stats.time_draft, "target": stats.time_target, "verify": stats.time_verify,
                        "selector": stats.time_selector, "prefill": stats.time_prefill},
-            "priced": priced}
+            "priced": priced, **({"deciding": deciding} if deciding else {})}
 
 
 def step_choices(steps: Sequence) -> Counter:
@@ -204,6 +205,19 @@ def priced(steps: Sequence, policy: BuiltPolicy, latency: LatencyModel | None) -
         row[1] += step.timing.step_seconds
         row[2] += pricing.price_step(latency, step, policy.features, policy.inference_seconds)
     return out
+
+
+def deciding(steps: Sequence, stats, policy: BuiltPolicy, latency: LatencyModel | None) -> list[float] | None:
+    """What deciding cost one run of a policy that computes features: ``[decided steps, measured seconds, modelled
+    seconds]``. Measured is the decoder's own timing of choosing (`DecodeStats.time_selector`: the features as the
+    engine assembles them, then ``select``, cache-cold after the previous step's target pass); modelled is
+    `decoding.pricing.decide_seconds` at each decided step. None for a policy without features or without a profile."""
+    if latency is None or policy.features is None:
+        return None
+    decided = [s for s in steps if s.selected and not s.lookup]
+    modelled = sum(float(pricing.decide_seconds(latency, [s.context_length], [s.action], policy.features,
+                                                policy.inference_seconds)[0, 0]) for s in decided)
+    return [len(decided), float(stats.time_selector), modelled]
 
 
 @dataclass(frozen=True)
@@ -232,7 +246,8 @@ def decode_units(decoder, units: Sequence, policies: Sequence[BuiltPolicy], plan
             p.policy.reset()  # a stateful policy starts every run fresh
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
                                    Sampling(u.temperature, u.top_p), int(seed))
-            runs.append(_run_record(u, seed, p, res.stats, step_choices(res.steps), priced(res.steps, p, latency)))
+            runs.append(_run_record(u, seed, p, res.stats, step_choices(res.steps), priced(res.steps, p, latency),
+                                    deciding(res.steps, res.stats, p, latency)))
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -260,6 +260,14 @@ def _check_pricing_audit(m):
         assert e["measured_seconds"] == pytest.approx(sum(c["measured_seconds"] for c in e["by_class"].values()))
         assert e["relative_to_autoregressive"] > 0 and isinstance(e["holds"], bool)
     assert all(k.startswith("lookup:") or k == "plain" for k in audit["prompt_lookup"]["by_class"])
+    # deciding, measured in the decoder beside its price: for the policies that decide with features only
+    for name, e in audit.items():
+        d = e.get("deciding")
+        if m["policies"][name]["kind"] == "selector":
+            assert 0 < d["steps"] <= e["steps"] and d["measured_seconds"] > 0 and d["modelled_seconds"] > 0, name
+            assert d["measured_ms_per_step"] == pytest.approx(1000 * d["measured_seconds"] / d["steps"])
+        else:
+            assert d is None, name
     assert any(k.startswith("gbv:") for k in audit["static:gbv"]["by_class"])
 
 
