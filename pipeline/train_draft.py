@@ -105,16 +105,15 @@ def _threads(n: int):
 
 
 def _records(cfg, target, trajectories, split: str, eagle: bool = False):
-    """Distillation records of ``trajectories`` (teacher-forced) as (draft input, top_ids, top_logp)."""
+    """Distillation records of ``trajectories`` (teacher-forced, `models.draft_data.DistillRecords`)."""
     from models.draft_data import distillation_records
 
     td = cfg.train_draft
     if not trajectories:
         raise ValueError(f"the trajectories in {cfg.trajectories.out} hold no {split.upper()} prompts; "
                          "give that split a positive fraction in prompts.split and rerun `branchpoint trajectories`")
-    rec = distillation_records(target, _continuations(trajectories), None if eagle else td.layers, td.top_k,
-                               td.forward_batch_size, progress=f"teacher forcing {split.upper()} trajectories")
-    return rec.hidden, rec.top_ids, rec.top_logp, rec.record_seq
+    return distillation_records(target, _continuations(trajectories), None if eagle else td.layers, td.top_k,
+                                td.forward_batch_size, progress=f"teacher forcing {split.upper()} trajectories")
 
 
 def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool = False) -> dict:
@@ -132,7 +131,7 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
         val_rec = _records(cfg, target, trajectories["val"], "val", eagle)
     records_seconds = time.perf_counter() - start
     vocab = target.get_output_embeddings().weight.shape[0]
-    subset = rank_vocabulary(train_rec[1], train_rec[2], vocab, td.vocab_subset_size,
+    subset = rank_vocabulary(train_rec.top_ids, train_rec.top_logp, vocab, td.vocab_subset_size,
                              always=eos_ids(tokenizer, target))
     if eagle:
         from models.eagle_draft import EagleDraft, EagleDraftConfig
@@ -150,16 +149,19 @@ def train(cfg, target, tokenizer, trajectories: dict[str, list], progress: bool 
         **{f"train_draft.{k}": v for k, v in vars(td).items()},
         "model.target": cfg.model.target, "trajectories.out": cfg.trajectories.out,
         "draft_prompts": len({t.prompt_id for t in trajectories["draft"]}),
-        "train_records": int(train_rec[0].shape[0]), "val_records": int(val_rec[0].shape[0]),
+        "train_records": train_rec.num_records, "val_records": val_rec.num_records,
     })
-    data = DistillDataModule(RecordDataset(*train_rec, unroll=unroll), RecordDataset(*val_rec, unroll=unroll),
-                             td.batch_size, td.seed)
+
+    def dataset(rec):
+        return RecordDataset(rec.hidden, rec.top_ids, rec.top_logp, rec.record_seq, unroll=unroll)
+
+    data = DistillDataModule(dataset(train_rec), dataset(val_rec), td.batch_size, td.seed)
     start = time.perf_counter()
     fit_draft(draft, data, replace(distill_hparams(td), unroll=unroll), logger=logger, progress=progress)
     train_seconds = time.perf_counter() - start
-    coverage = _subset_coverage(subset, *val_rec[1:3])
+    coverage = _subset_coverage(subset, val_rec.top_ids, val_rec.top_logp)
     facts = {"train_seconds": train_seconds, "records_seconds": records_seconds,
-             "train_records": int(train_rec[0].shape[0]), "val_records": int(val_rec[0].shape[0]),
+             "train_records": train_rec.num_records, "val_records": val_rec.num_records,
              "vocab_subset_size": int(subset.numel()), "vocab_subset_val_mass": coverage,
              "mlflow_run_id": logger.run_id}
     save_self_draft(draft, td.out, extra=facts)

@@ -52,18 +52,28 @@ def eagle_of(target, seed: int = 2, subset: int = 48) -> EagleDraft:
     return draft.eval()
 
 
-def distilled(target, draft: EagleDraft, steps: int = 300) -> EagleDraft:
-    """``draft`` fitted to ``target`` on its own samples (EAGLE records, the stage's loss terms): a draft whose
-    greedy choice often agrees with the target's, so greedy tests exercise accepted drafts."""
+def own_samples(target) -> Continuations:
+    """32 continuations of 24 tokens the target sampled after `PROMPT` (seed 0)."""
     torch.manual_seed(0)
     with torch.no_grad():
         out = target.generate(torch.tensor([PROMPT] * 32), do_sample=True, max_new_tokens=24, min_new_tokens=24,
                               pad_token_id=0, eos_token_id=None)
-    data = Continuations([PROMPT] * 32, [row[len(PROMPT):].tolist() for row in out])
-    rec = distillation_records(target, data, None, top_k=16)
-    assert rec.hidden.shape == (32 * 24, 2 * 64)
+    return Continuations([PROMPT] * 32, [row[len(PROMPT):].tolist() for row in out])
+
+
+def subset_positions(draft: EagleDraft) -> torch.Tensor:
+    """``[VOCAB]``: each id's index in the draft's vocabulary subset, -1 outside it (the loss terms' lookup)."""
     pos = torch.full((VOCAB,), -1, dtype=torch.long)
     pos[draft.vocab_subset] = torch.arange(draft.vocab_subset.numel())
+    return pos
+
+
+def distilled(target, draft: EagleDraft, steps: int = 300) -> EagleDraft:
+    """``draft`` fitted to ``target`` on its own samples (EAGLE records, the stage's loss terms): a draft whose
+    greedy choice often agrees with the target's, so greedy tests exercise accepted drafts."""
+    rec = distillation_records(target, own_samples(target), None, top_k=16)
+    assert rec.hidden.shape == (32 * 24, 2 * 64)
+    pos = subset_positions(draft)
     params = list(draft.adapter.parameters()) + [draft.head.bias]
     opt = torch.optim.Adam(params, lr=3e-3)
     draft.train()
@@ -260,8 +270,7 @@ def test_unrolled_records_stay_inside_a_continuation_and_match_the_chain(pair):
     assert next_embeds.shape == (2, 2, 64) and top_ids.shape == (2, 3, 8)
     assert torch.equal(next_embeds[1, 1], rec.hidden[7, 64:].float())  # the second continuation's third record
     assert torch.equal(top_ids[1], rec.top_ids[5:8])
-    pos = torch.full((VOCAB,), -1, dtype=torch.long)
-    pos[draft.vocab_subset] = torch.arange(draft.vocab_subset.numel())
+    pos = subset_positions(draft)
     with torch.no_grad():
         terms = unrolled_terms(draft, pos, hidden, next_embeds, top_ids, top_logp)
         flat = distill_terms(draft, pos, hidden, top_ids[:, 0], top_logp[:, 0])
@@ -274,19 +283,13 @@ def test_training_time_test_raises_the_deeper_acceptance():
     """Unrolled training (depth 2 scored on the head's own feature) fits depth 2 better than teacher forcing alone,
     from the same start and the same steps."""
     target = tiny_target()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        out = target.generate(torch.tensor([PROMPT] * 32), do_sample=True, max_new_tokens=24, min_new_tokens=24,
-                              pad_token_id=0, eos_token_id=None)
-    data = Continuations([PROMPT] * 32, [row[len(PROMPT):].tolist() for row in out])
-    rec = distillation_records(target, data, None, top_k=16)
+    rec = distillation_records(target, own_samples(target), None, top_k=16)
     runs = RecordDataset(rec.hidden, rec.top_ids, rec.top_logp, rec.record_seq, unroll=2)
     batch = runs[list(range(len(runs)))]
     depth2 = {}
     for unroll in (1, 2):
         draft = eagle_of(target)
-        pos = torch.full((VOCAB,), -1, dtype=torch.long)
-        pos[draft.vocab_subset] = torch.arange(draft.vocab_subset.numel())
+        pos = subset_positions(draft)
         opt = torch.optim.Adam(list(draft.adapter.parameters()) + [draft.head.bias], lr=3e-3)
         draft.train()
         for _ in range(150):
