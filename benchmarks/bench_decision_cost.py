@@ -84,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     from decoding.files import write_json_atomic
     from decoding.latency import LatencyModel
     from decoding.sampling import Sampling
-    from models.selector_network import load_selector
-    from models.selector_training import predict
     from pipeline.config import load_config
     from pipeline.profile import load_profiled_pair
     from pipeline.training_data import training_data
+    from selector.network import load_selector
+    from selector.training import predict
 
     cfg = load_config(args.params)
     missing = [p for p in (cfg.train.out, cfg.collect.out, cfg.profile.out) if not Path(p).exists()]
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     test = td.data.subset(td.data.rows("test"))
     pred = predict(net, test)
     torch.set_num_threads(cfg.model.threads)
-    target, draft, vocab, tokenizer, _ = load_profiled_pair(cfg)
-    ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), 256)
-    features = deciding_work(TimedPair(target, draft, vocab), ids, latency,
+    pair, _ = load_profiled_pair(cfg)
+    ids = tile_ids(encode_prompt(cfg.decode.prompt, pair.tokenizer, cfg.decode.chat_template), 256)
+    features = deciding_work(TimedPair(pair.target, pair.draft, pair.vocab_size), ids, latency,
                              Sampling(cfg.sampling.temperature, cfg.sampling.top_p))[feature_set]
     quiet = timings(net, features)
     proc = start_load(args.params)

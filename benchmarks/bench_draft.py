@@ -4,7 +4,7 @@ Measures, on this machine, with the trained artifact loaded through `load_pair` 
 1. one draft decode step vs one target decode step (one new token on a KV cache) at several context
    lengths: ``step_time_ratio`` = median draft step / median target step, steps interleaved;
 2. chain speculative decoding (action K=1, L1=0, L2=n, method ``naive`` = standard speculative sampling)
-   vs autoregressive decoding with the engine (decoding/engine) on TEST prompts: block efficiency
+   vs autoregressive decoding with the engine (engine) on TEST prompts: block efficiency
    (tokens per target pass) and tokens per second.
 
 Run: ``python -m benchmarks.bench_draft`` (after ``dvc repro train_draft``; TEST prompts from the trajectories); ``--quick`` for a smoke run.
@@ -81,8 +81,8 @@ def decode_rows(pair, prompts: list, args) -> list[dict]:
     """Chain speculative decoding (naive, K = 1, L2 = each of ``--chain``) vs autoregressive on ``prompts``, per
     temperature: block efficiency and tokens/s, with the speedup over autoregressive at that temperature."""
     from decoding.actions import Action
-    from decoding.engine import SpeculativeDecoder
     from decoding.sampling import Sampling
+    from engine.decoder import SpeculativeDecoder
     from models.loading import eos_ids
 
     eos = eos_ids(pair.tokenizer, pair.target)

@@ -131,8 +131,8 @@ def _target_probs(target, data, temperature: float, vocab: int):
     """The target's sampling rows at every continuation position (computed once, reused for every skip variant)."""
     import torch
 
-    from decoding.engine.torch_sampling import transform_logits
     from decoding.sampling import Sampling
+    from engine.torch_sampling import transform_logits
     from models.draft_data import continuation_logits
 
     with torch.inference_mode():
@@ -145,8 +145,8 @@ def _acceptance(draft, data, target_probs, temperature: float, vocab: int) -> li
     target's rows cached)."""
     import torch
 
-    from decoding.engine.torch_sampling import transform_logits
     from decoding.sampling import Sampling
+    from engine.torch_sampling import transform_logits
     from models.draft_data import continuation_logits
 
     with torch.inference_mode():
@@ -191,22 +191,16 @@ def search_layer_skip(target, tokenizer, val, latency, context: float, progress:
 
 
 def _row(cfg, target, tokenizer, draft, test, latency, context: float) -> dict:
-    """What train_draft measures of ``draft`` (acceptance per TEST setting, the step ratio) and the chain model."""
-    from models.draft_data import position_stats
-    from pipeline.train_draft import _continuations, setting_suffix
+    """What train_draft measures of ``draft`` (`pipeline.train_draft.measure_draft`: acceptance per TEST setting and
+    depth, the step ratio; breakdowns left out) and, from the same per-position acceptance, the chain model."""
+    from pipeline.train_draft import measure_draft, setting_stats
 
-    td = cfg.train_draft
-    row = _step_ratio(target, draft, tokenizer, test[0].prompt_ids, td.timing_context, td.timing_reps)
-    for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
-        group = [t for t in test if t.setting == (temperature, top_p)]
-        stats = position_stats(target, draft, _continuations(group), [temperature], top_p,
-                               depth=max(CHAIN_LENGTHS))[temperature]
-        acc, name = stats.acceptance, setting_suffix(temperature, top_p)
-        row[f"acceptance_test_{name}"] = float(np.concatenate([a.numpy() for a in acc]).mean())
-        for d, rows in enumerate(stats.deeper[:2], start=2):
-            row[f"acceptance_test_{name}_depth{d}"] = float(np.concatenate([a.numpy() for a in rows]).mean())
-        row[f"best_chain_{name}"] = chain_speedup([a.numpy() for a in acc], latency, context, row["step_time_ratio"],
-                                                  [[a.numpy() for a in rows] for rows in stats.deeper])
+    stats = setting_stats(target, draft, test, depth=max(CHAIN_LENGTHS))
+    row = {k: v for k, v in measure_draft(cfg, target, tokenizer, draft, test, stats).items()
+           if not k.startswith("breakdown_")}
+    for name, (_, s) in stats.items():
+        row[f"best_chain_{name}"] = chain_speedup([a.numpy() for a in s.acceptance], latency, context,
+                                                  row["step_time_ratio"], [[a.numpy() for a in d] for d in s.deeper])
     return row
 
 

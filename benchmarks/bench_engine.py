@@ -35,10 +35,10 @@ import torch
 from benchmarks.engine_parts import linear_candidates, pass_ratios, step_split
 from data_collection.forward_tables import TimedPair, step_times
 from decoding.actions import Action, parse_action
-from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.files import write_json_atomic
 from decoding.sampling import Sampling
-from decoding.verifiers import METHODS
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
+from verifiers import METHODS
 
 RESULTS = Path(__file__).parent / "results" / "engine.json"
 PROMPTS = [

@@ -63,12 +63,14 @@ def proposal_policy(length: int):
     """A policy that proposes the root's last ``length`` context tokens as a one-hot chain (a lookup step)."""
     from decoding.actions import Action
     from decoding.policy import Choice, Policy
+    from decoding.tree import proposal_tree
 
     class Propose(Policy):
         needs_draft = False
 
         def select(self, features):
-            return Choice(Action(1, length, 0), proposal=tuple(int(t) for t in features.context[-length:]))
+            tokens = [int(t) for t in features.context[-length:]]
+            return Choice(Action(1, length, 0), proposal=proposal_tree(tokens, len(features.p_prev)))
 
     return Propose()
 
@@ -116,8 +118,7 @@ def one_round(device: str, tokens: int, repeats: int) -> dict:
     import numpy as np
     import torch
 
-    from decoding.engine import SpeculativeDecoder
-
+    from engine.decoder import SpeculativeDecoder
     torch.set_num_threads(1)
     target, draft = tiny_pair(device)
     decoder = SpeculativeDecoder(target, draft, VOCAB)
@@ -141,8 +142,8 @@ def verify_ms(device: str) -> dict:
 
     from data_collection.verify_cost import measure_verify_seconds
     from decoding.actions import parse_action
-    from decoding.engine.torch_sampling import prob_rows
     from decoding.sampling import Sampling
+    from engine.torch_sampling import prob_rows
 
     target, draft = tiny_pair(device)
     ids = torch.randint(3, VOCAB, (1, 64), generator=torch.Generator().manual_seed(1)).to(device)

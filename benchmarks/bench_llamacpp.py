@@ -81,8 +81,8 @@ def ours_decoder(threads: int):
     target as the pipeline loads it (``model.backend: auto``)."""
     import torch
 
-    from decoding.engine import SpeculativeDecoder
     from decoding.sampling import Sampling
+    from engine.decoder import SpeculativeDecoder
     from models.loading import Placement, load_model, load_tokenizer
     from models.quantized import backend_of, linear_bytes
     from policies.registry import build_policy

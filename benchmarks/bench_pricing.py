@@ -81,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = load_config("params.yaml" if os.path.exists("params.yaml") else None)
     torch.set_num_threads(cfg.model.threads)
-    target, draft, vocab, tokenizer, draft_source = load_profiled_pair(cfg)
+    pair, draft_source = load_profiled_pair(cfg)
+    target, draft, vocab, tokenizer = pair.target, pair.draft, pair.vocab_size, pair.tokenizer
     start = time.perf_counter()
     latency = LatencyModel.load(args.latency) if args.latency else measure_profile(cfg, target, draft, vocab, tokenizer,
                                                                                    args.quick)
     profile_seconds = time.perf_counter() - start
     policies = [build_policy(spec["name"], spec).named(name) for name, spec in POLICIES.items()]
-    from decoding.engine import SpeculativeDecoder
-
+    from engine.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(target, draft, vocab)
     todo = units(cfg, tokenizer, 4 if args.quick else args.prompts)
     tokens = 24 if args.quick else args.tokens

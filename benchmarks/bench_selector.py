@@ -44,7 +44,7 @@ def _random_export(feature_set: str, folder: Path, latency) -> Path:
     from decoding.actions import ActionSpace
     from decoding.features import FeatureSchema
     from export.onnx_export import export_selector
-    from models.selector_network import SelectorNet
+    from selector.network import SelectorNet
 
     torch.manual_seed(0)
     schema = FeatureSchema.for_pair(feature_set, H, H)

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from decoding.actions import Action
-from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.files import write_json_atomic
 from decoding.sampling import Sampling
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
 
 RESULTS = Path(__file__).parent / "results" / "target_backend.json"
 AB_RESULTS = RESULTS.with_name("target_backend_ab.json")

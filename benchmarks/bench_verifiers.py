@@ -10,7 +10,7 @@ ONE thread. Measures (median of repeats, milliseconds):
   the methods above plus khisti in one call; its own target < 50 ms. khisti's label path builds its
   tournaments afresh on every call (no results are cached between repeats; only scratch buffers are
   reused), so repeats measure the cold cost.
-- khisti's numba kernels (decoding/verifiers/khisti_numerics.py) are compiled on their first call
+- khisti's numba kernels (verifiers/khisti_numerics.py) are compiled on their first call
   and cached on disk; the timings above exclude that one-time cost, reported under ``khisti_jit``:
   the first call in a fresh process with an empty cache (compiles) and with the cache (loads), and
   this process's own first call.
@@ -94,7 +94,7 @@ _FIRST_CALL = """
 import time
 t0 = time.perf_counter()
 import numpy as np
-from decoding.verifiers.khisti import KhistiSolver
+from verifiers.khisti import KhistiSolver
 t1 = time.perf_counter()
 rows = np.random.default_rng(0).dirichlet(np.ones(64), size=4)
 KhistiSolver().branch_weights(rows[:2], rows[2:], np.array([[0, 1, 2, 3], [4, 5, 6, 7]]))

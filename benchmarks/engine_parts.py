@@ -22,10 +22,12 @@ import torch
 from torch import nn
 
 from decoding.actions import Action
-from decoding.engine.cache import KVState
-from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
-from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import (
+from decoding.sampling import Sampling
+from decoding.tree import build_tree
+from engine.cache import KVState
+from engine.drafting import DraftRoot, DraftRule, draft_tree
+from engine.torch_sampling import prob_rows
+from engine.tree_pass import (
     attention_mask,
     causal_allowed,
     forward_nodes,
@@ -33,10 +35,8 @@ from decoding.engine.tree_pass import (
     target_tree_pass,
     tree_allowed,
 )
-from decoding.sampling import Sampling
-from decoding.tree import build_tree
-from decoding.verifiers import get_method
 from models.fast_path import PackedLinear
+from verifiers import get_method
 
 DEFAULT_SAMPLING = Sampling(1.0)
 

@@ -31,8 +31,8 @@ def _decoders(folder: Path, device, dtype):
     """(prompt ids, {name: fn(n) decoding n tokens and returning them}) for our loop and ``generate()``."""
     import torch
 
-    from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
     from decoding.sampling import Sampling
+    from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
     from models.loading import load_model, load_tokenizer
 
     spec = f"hf:{folder}"

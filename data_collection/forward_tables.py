@@ -38,12 +38,12 @@ import numpy as np
 import torch
 
 from decoding.actions import Action
-from decoding.engine.cache import KVState
-from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
-from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.latency import LatencyModel
 from decoding.sampling import Sampling
 from decoding.tree import build_tree
+from engine.cache import KVState
+from engine.torch_sampling import to_numpy_rows, transform_logits
+from engine.tree_pass import forward_nodes, prefill, target_tree_pass
 
 DEFAULT_SAMPLING = Sampling()
 

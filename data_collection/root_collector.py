@@ -9,7 +9,7 @@ A *trajectory* is a prompt plus a target-sampled continuation (`data_collection.
   up to float rounding, tests/test_collect.py checks it against the decoder);
 - labels: ``num_trees`` union trees of the action space (`decoding.union_tree`) are drafted below the
   root as one *forest* (all copies share the root, so one batched draft forward per depth drafts them
-  all, on the same KV-cached path as the decoder's drafting: `decoding.engine.drafting.draft_layout`),
+  all, on the same KV-cached path as the decoder's drafting: `engine.drafting.draft_layout`),
   then ONE target tree pass over the forest gives every p row. Each union tree gives the exact block
   efficiency of every action for every method (`decoding.labels.union_labels`); Ê(c, a) is their mean.
 
@@ -28,22 +28,22 @@ import numpy as np
 import torch
 
 from decoding.actions import ActionSpace
-from decoding.engine.cache import KVState
-from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
-from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import (
-    causal_allowed,
-    forward_nodes,
-    hidden_numpy,
-    input_embeddings,
-    target_tree_pass,
-)
 from decoding.features import HIDDEN_COLUMNS, probability_scalars
 from decoding.files import stable_hash64
 from decoding.labels import union_labels
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree, children_lists
 from decoding.union_tree import union_from_tokens, union_layout
+from engine.cache import KVState
+from engine.drafting import DraftRoot, DraftRule, draft_layout
+from engine.torch_sampling import prob_rows
+from engine.tree_pass import (
+    causal_allowed,
+    forward_nodes,
+    hidden_numpy,
+    input_embeddings,
+    target_tree_pass,
+)
 
 
 @dataclass

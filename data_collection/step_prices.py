@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from decoding.actions import AR_ACTION, Action
-from decoding.engine.decoder import SpeculativeDecoder
-from decoding.engine.tree_pass import input_embeddings
 from decoding.features import FEATURE_SETS, FeatureSchema, RootFeatures
 from decoding.latency import CHAIN_TERMS, TREE_TERMS, LatencyModel, StepRatios, quiet_seconds
 from decoding.policy import Choice, Policy, StaticPolicy, StepResult
 from decoding.pricing import LOOKUP, PLAIN, VERIFY_REFERENCE, chain_terms, model_ratio, step_ratio, tree_terms
 from decoding.sampling import Sampling
+from decoding.tree import proposal_tree
+from engine.decoder import SpeculativeDecoder
+from engine.tree_pass import input_embeddings
 
 from .forward_tables import TimedPair
 
@@ -70,8 +71,8 @@ class _Lookup(_Recorder):
         self.n, self.sink = n, sink
 
     def select(self, features) -> Choice:
-        tokens = tuple(int(t) for t in features.context[-self.n:])
-        return Choice(Action(1, len(tokens), 0), proposal=tokens)
+        tokens = [int(t) for t in features.context[-self.n:]]
+        return Choice(Action(1, len(tokens), 0), proposal=proposal_tree(tokens, len(features.p_prev)))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from decoding.actions import Action
 from decoding.tree import build_tree, sample_layout, tree_layout
-from decoding.verifiers import METHODS, get_method
+from verifiers import METHODS, get_method
 
 
 def measure_verify_seconds(actions: Sequence[Action], q_pool: np.ndarray, p_pool: np.ndarray,

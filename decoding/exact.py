@@ -21,10 +21,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from verifiers import VerificationMethod, get_method
+from verifiers.ot import OTMethod
+
 from .actions import Action
 from .tree import DraftTree, children_lists, tree_layout
-from .verifiers import VerificationMethod, get_method
-from .verifiers.ot import OTMethod
 
 Law = dict[tuple[int, ...], float]
 

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from verifiers import get_method
+from verifiers.base import VerificationMethod
+from verifiers.union_context import UnionContext, repeated_verification
+
 from .actions import ActionSpace
 from .probability import check_rows
 from .tree import DistFn, DraftTree, target_rows
 from .union_tree import UnionTree, sample_union_tree
-from .verifiers import get_method
-from .verifiers.base import VerificationMethod
-from .verifiers.union_context import UnionContext, repeated_verification
 
 
 def expected_block_efficiency(tree: DraftTree, target: DistFn | np.ndarray,

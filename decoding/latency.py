@@ -8,7 +8,7 @@ Terms:
 - *context length* ``l``: the tokens before the root (`RootFeatures.context_length`); a forward "at
   context c" is one model call whose new query rows attend to ``c`` cached KV slots (plus themselves).
 - *draft step* ``t_q(c, rows)``: one draft forward of ``rows`` query rows at context c, including the
-  sampling transform of its rows to numpy (what `decoding.engine.drafting` does after each forward).
+  sampling transform of its rows to numpy (what `engine.drafting` does after each forward).
 - *target pass* ``t_p(c, tokens)``: one target tree pass over ``tokens`` nodes (root included) at context
   c, including the sampling transform of all its rows.
 - *feature cost* ``feature_seconds``: ``{feature set: seconds}``, what deciding computes at one root before the

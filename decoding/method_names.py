@@ -2,7 +2,7 @@
 (no numba, scipy or torch).
 
 Config validation checks method names with `check_method_name`, so `pipeline/config.py` (and every
-stage, through it) does not depend on the verifiers' code. The registry (`decoding/verifiers/registry.py`)
+stage, through it) does not depend on the verifiers' code. The registry (`verifiers/registry.py`)
 refuses to build when its methods and `METHOD_NAMES` differ, and serves `CHAIN_EQUIVALENT` as
 `chain_equivalent_methods()`; `tests/test_verifiers_exact.py` proves `CHAIN_EQUIVALENT` exactly.
 (The list cannot be derived from the registry here: building the registry imports numba and scipy.)

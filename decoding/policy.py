@@ -2,7 +2,7 @@
 
 A *policy* decides, at every root, the step's tree: a static `Action` (the same shape every step) is wrapped in
 `StaticPolicy`; everything else subclasses `Policy`, the way transformers' candidate generators subclass
-``CandidateGenerator``. The decoder (`decoding.engine.decoder`) calls only what `Policy` declares:
+``CandidateGenerator``. The decoder (`engine.decoder`) calls only what `Policy` declares:
 
 - ``select(features: RootFeatures) -> Action | Choice``: the step's action, and optionally its verification
   method and a tree the policy proposes instead of the draft's (`Choice`);
@@ -14,11 +14,13 @@ A *policy* decides, at every root, the step's tree: a static `Action` (the same 
 - ``observe(step: StepResult)``: told after every step what it did and cost; ``reset()``: a new decode starts.
   Both are no-ops by default.
 
-A `Choice` proposes a tree in one of two ways, so the engine needs no knowledge of any concrete policy:
-- ``proposal``: the tokens of a chain copied from the context (`policies.lookup`): the decoder verifies that chain
-  with one-hot q rows (`decoding.tree.proposal_tree`), no draft forward;
-- ``stop_below``: draft the chain ``(1, L1, 0)`` token by token and stop where the draft's top-1 probability falls
-  below this threshold (`policies.threshold_chain`; the drafting loop is the engine's).
+A `Choice` is either a shape for the engine to draft (its drafting service) or a tree the policy built itself, so
+the engine needs no knowledge of any concrete policy:
+- ``action`` alone: the engine drafts that action's tree;
+- ``proposal``: a `decoding.tree.DraftTree` with its q rows (e.g. `decoding.tree.proposal_tree`: a chain with one-hot
+  rows, which prompt lookup builds from the context); the decoder verifies it as it is, with no draft forward;
+- ``stop_after``: the engine drafts the chain ``(1, L1, 0)`` token by token and stops after the token drawn from a
+  q row for which ``stop_after(row)`` is true (the dynamic chain of `policies.threshold_chain`).
 
 `RootFeatures` holds the raw features of ALGORITHMS.md section 5 (the *root* is the last emitted token, not yet seen
 by the target; "prev" is the token before it). Turning them into the selector's input vector is
@@ -27,23 +29,27 @@ by the target; "prev" is the token before it). Turning them into the selector's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from .actions import Action
 from .features import RootFeatures  # re-exported: the raw features live with the feature schema
+from .tree import DraftTree
 
 
 @dataclass(frozen=True)
 class Choice:
     """An action and, optionally, the verification method of this step (None: the decoder's), a ``proposal`` (the
-    tokens of a chain ``(1, n, 0)`` proposed without the draft) or ``stop_below`` (draft the chain ``action`` but stop
-    where the draft's top-1 probability is below it). A proposal and a stop rule exclude each other; a value object
-    without behaviour: the decoder checks the one a policy returns (`decoding.engine.decoder._as_choice`)."""
+    policy's own tree of shape ``action``, verified without drafting) or ``stop_after`` (draft the chain ``action``
+    token by token and stop after the token drawn from a row where it returns True). A proposal and a stop rule
+    exclude each other; the decoder checks the Choice a policy returns (`engine.decoder._as_choice`)."""
 
     action: Action
     method: str | None = None
-    proposal: tuple[int, ...] | None = None
-    stop_below: float | None = None
+    proposal: DraftTree | None = None
+    stop_after: Callable[[np.ndarray], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class StepTiming:
     draft_seconds: float  # the draft's forwards (its root step and the tree); 0 for a plain step
     target_seconds: float  # the target's tree pass, with the transform of its rows
     draft_prefill_seconds: float = 0.0  # the draft's first forward over the prompt (inside draft_seconds), else 0
+    choose_seconds: float = 0.0  # step 1 after the draft's root step: the features and ``select`` (0: static)
 
     @property
     def step_seconds(self) -> float:
@@ -71,7 +78,7 @@ class StepResult:
     features: RootFeatures | None  # what the policy saw (None for a static policy)
     context_length: int = 0  # tokens before the step's root
     timing: StepTiming | None = None
-    lookup: bool = False  # the tree was a proposed chain (`Choice.proposal`), not drafted
+    proposed: bool = False  # the tree was the policy's own (`Choice.proposal`), not drafted
     selected: bool = False  # the policy's ``select`` ran at this step (a static policy's never does)
 
 

@@ -1,6 +1,6 @@
 """One price for a decoding step, and the decision that uses it (numpy only, no torch).
 
-Every consumer prices steps here: training costs (`models.selector_data`), the exported runtime
+Every consumer prices steps here: training costs (`selector.data`), the exported runtime
 (`export.runtime`), offline evaluation and the pricing audit (`evaluation`), collect's and train's oracle
 reports. ``step_seconds`` is the one name for the seconds of one step; means are the one statistic
 (throughput pays the mean step, right tail included).
@@ -198,11 +198,12 @@ def decide(predicted: np.ndarray, seconds: np.ndarray, valid: np.ndarray | None 
     return np.argmax(score, axis=-1)
 
 
-def step_class(action: Action, method: str | None, lookup: bool) -> str:
-    """The class key of a step (module docstring): ``plain``, ``lookup:n`` or ``<method>:K,L1,L2``."""
+def step_class(action: Action, method: str | None, proposed: bool) -> str:
+    """The class key of a step (module docstring): ``plain``, ``lookup:n`` (a chain the policy proposed: no draft
+    forward, priced as a lookup chain) or ``<method>:K,L1,L2``."""
     if not action.tree_size:
         return PLAIN
-    if lookup:
+    if proposed:
         return f"{LOOKUP}:{action.L1}"
     return f"{method}:{action}"
 
@@ -212,7 +213,7 @@ def price_step(latency, step, features: str | None = None, inference_seconds: fl
     the selector that decides the policy's drafted and plain steps (None: a policy that computes no features), charged
     where ``select`` ran and no lookup chain was proposed."""
     c = [step.context_length]
-    if step.lookup:  # the chain was proposed before any selector ran: no deciding to pay
+    if step.proposed:  # the chain was proposed before any selector ran: no deciding to pay
         return float(lookup_seconds(latency, c, [step.action.L1])[0, 0])
     feats = features if step.selected else None
     method = step.method if step.action.tree_size else None

@@ -10,7 +10,7 @@ draws).
   that crosses the threshold is kept; ties broken by token id) and renormalizes.
 
 This module is numpy only (it is imported by torch-free code: the feature schema, the ONNX runtime).
-The torch version of the transform, run on the model's device, is `decoding.engine.torch_sampling.transform_logits`
+The torch version of the transform, run on the model's device, is `engine.torch_sampling.transform_logits`
 (import it from there: this module never imports torch or the engine);
 `transform_logits_np` is its float64 numpy twin and they agree to float rounding.
 """
@@ -48,7 +48,7 @@ def sampling_key(temperature: float, top_p: float) -> str:
 
 
 def transform_logits_np(logits: np.ndarray, sampling: Sampling, vocab_size: int | None = None) -> np.ndarray:
-    """Numpy (float64) twin of `decoding.engine.torch_sampling.transform_logits`."""
+    """Numpy (float64) twin of `engine.torch_sampling.transform_logits`."""
     x = np.asarray(logits, dtype=np.float64)
     if vocab_size is not None:
         x = x[..., :vocab_size]

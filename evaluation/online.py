@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,6 +47,9 @@ from decoding.sampling import Sampling
 from policies.registry import CHAIN_METHOD, BuiltPolicy, build_policy
 
 from .claims import chain_source
+
+if TYPE_CHECKING:
+    from data_collection.offline_table import OfflineTable
 
 CHAIN_STATIC = "chain"
 ADAPTIVE_CHAIN = "adaptive_chain"
@@ -63,17 +67,11 @@ def selector_policy(name: str, spec: dict, lookup: dict | None = None) -> BuiltP
     return built.named(name, "selector")
 
 
-def static_seconds(latency: LatencyModel, space: ActionSpace, context_length: np.ndarray,
-                   methods: Sequence[str]) -> dict[str, np.ndarray]:
-    """``{method: T [N, A]}``: each method's step seconds of a static policy (no features) at each root's context."""
-    return {m: pricing.step_seconds(latency, context_length, space, [m]) for m in methods}
-
-
-def best_statics(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], space: ActionSpace, methods: Sequence[str],
-                 chain: bool = True) -> dict[str, tuple[str, int]]:
+def best_statics(table: OfflineTable, methods: Sequence[str], chain: bool = True) -> dict[str, tuple[str, int]]:
     """``{policy name: (method, action index)}``: each method's best speculating static action on these (TRAIN)
     roots, and the chain's (`CHAIN_METHOD` on K = 1 / L2 = 0 actions, labels of `chain_source`); each priced as its
-    method's steps (``T``: `static_seconds`)."""
+    method's steps (the table's ``seconds`` of every method and of `CHAIN_METHOD`)."""
+    labels, T, space = table.labels, table.seconds, table.space
     size = np.array([a.tree_size for a in space])
     out: dict[str, tuple[str, int]] = {}
     src = chain_source(labels)
@@ -159,11 +157,11 @@ def best_static_name(offline_fit: dict[str, dict]) -> str | None:
     return max(names, key=lambda n: offline_fit[n]["tps"]) if names else None
 
 
-def offline_tps(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], statics: dict[str, tuple[str, int]],
-                space: ActionSpace) -> dict[str, dict]:
-    """Realized TPS of autoregressive and of each static policy on these (TEST) roots (each priced as its method's
-    steps, ``T``: `static_seconds`), and the ratio to AR."""
-    n = next(iter(T.values())).shape[0]
+def offline_tps(table: OfflineTable, statics: dict[str, tuple[str, int]]) -> dict[str, dict]:
+    """Realized TPS (along the decode path) of autoregressive and of each static policy on these (TEST) roots, each
+    priced as its method's steps, and the ratio to AR."""
+    labels, T, space = table.labels, table.seconds, table.space
+    n = len(table)
     if n == 0:
         return {}
     ar = float(n / next(iter(T.values()))[:, space.index(AR_ACTION)].sum())
@@ -177,8 +175,12 @@ def offline_tps(labels: dict[str, np.ndarray], T: dict[str, np.ndarray], statics
     return out
 
 
-def _run_record(unit, seed: int, policy: BuiltPolicy, stats, choices: Counter, priced: dict,
-                deciding: list[float] | None = None) -> dict:
+def _run_record(unit, seed: int, policy: BuiltPolicy, result, latency: LatencyModel | None) -> dict:
+    """One decode (``result``: `engine.decoder.DecodeResult`) of ``unit`` as a row of the evaluation: its counts,
+    times, step classes, and (with a profile) the pricing audit's per-class prices and deciding cost."""
+    stats = result.stats
+    choices = step_choices(result.steps)
+    decided = deciding(result.steps, policy, latency)
     return {"policy": policy.name, "prompt_id": unit.prompt_id, "source": unit.source,
             "temperature": float(unit.temperature), "top_p": float(unit.top_p), "seed": int(seed),
             "tokens": int(stats.new_tokens), "seconds": float(stats.time_total), "emitted": int(stats.emitted),
@@ -186,12 +188,12 @@ def _run_record(unit, seed: int, policy: BuiltPolicy, stats, choices: Counter, p
             "depth_accepted": list(stats.depth_accepted), "choices": dict(choices),
             "time_s": {"draft": stats.time_draft, "target": stats.time_target, "verify": stats.time_verify,
                        "selector": stats.time_selector, "prefill": stats.time_prefill},
-            "priced": priced, **({"deciding": deciding} if deciding else {})}
+            "priced": priced(result.steps, policy, latency), **({"deciding": decided} if decided else {})}
 
 
 def step_choices(steps: Sequence) -> Counter:
     """How often one run's steps (`decoding.policy.StepResult`) took each step class (`decoding.pricing.step_class`)."""
-    return Counter(pricing.step_class(step.action, step.method, step.lookup) for step in steps)
+    return Counter(pricing.step_class(step.action, step.method, step.proposed) for step in steps)
 
 
 def priced(steps: Sequence, policy: BuiltPolicy, latency: LatencyModel | None) -> dict[str, list[float]]:
@@ -200,24 +202,25 @@ def priced(steps: Sequence, policy: BuiltPolicy, latency: LatencyModel | None) -
     profile."""
     out: dict[str, list[float]] = {}
     for step in steps if latency is not None else ():
-        row = out.setdefault(pricing.step_class(step.action, step.method, step.lookup), [0, 0.0, 0.0])
+        row = out.setdefault(pricing.step_class(step.action, step.method, step.proposed), [0, 0.0, 0.0])
         row[0] += 1
         row[1] += step.timing.step_seconds
         row[2] += pricing.price_step(latency, step, policy.features, policy.inference_seconds)
     return out
 
 
-def deciding(steps: Sequence, stats, policy: BuiltPolicy, latency: LatencyModel | None) -> list[float] | None:
+def deciding(steps: Sequence, policy: BuiltPolicy, latency: LatencyModel | None) -> list[float] | None:
     """What deciding cost one run of a policy that computes features: ``[decided steps, measured seconds, modelled
-    seconds]``. Measured is the decoder's own timing of choosing (`DecodeStats.time_selector`: the features as the
-    engine assembles them, then ``select``, cache-cold after the previous step's target pass); modelled is
-    `decoding.pricing.decide_seconds` at each decided step. None for a policy without features or without a profile."""
+    seconds]`` over the steps its selector decided (``select`` ran and no chain was proposed before it). Measured is
+    the decoder's own timing of choosing at those steps (`decoding.policy.StepTiming.choose_seconds`: the features as
+    the engine assembles them, then ``select``, cache-cold after the previous step's target pass); modelled is
+    `decoding.pricing.decide_seconds` at each. None for a policy without features or without a profile."""
     if latency is None or policy.features is None:
         return None
-    decided = [s for s in steps if s.selected and not s.lookup]
+    decided = [s for s in steps if s.selected and not s.proposed]
     modelled = sum(float(pricing.decide_seconds(latency, [s.context_length], [s.action], policy.features,
                                                 policy.inference_seconds)[0, 0]) for s in decided)
-    return [len(decided), float(stats.time_selector), modelled]
+    return [len(decided), sum(s.timing.choose_seconds for s in decided), modelled]
 
 
 @dataclass(frozen=True)
@@ -246,8 +249,7 @@ def decode_units(decoder, units: Sequence, policies: Sequence[BuiltPolicy], plan
             p.policy.reset()  # a stateful policy starts every run fresh
             res = decoder.generate(list(u.prompt_ids), max_new_tokens, p.method, p.policy,
                                    Sampling(u.temperature, u.top_p), int(seed))
-            runs.append(_run_record(u, seed, p, res.stats, step_choices(res.steps), priced(res.steps, p, latency),
-                                    deciding(res.steps, res.stats, p, latency)))
+            runs.append(_run_record(u, seed, p, res, latency))
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -1,6 +1,6 @@
 """Trained selector -> ONNX graph with the decision inside, a generated sidecar, and a parity check.
 
-The graph (`DecisionGraph`): the selector network (feature standardisation inside, `models.selector_network`) and
+The graph (`DecisionGraph`): the selector network (feature standardisation inside, `selector.network`) and
 the decision of ALGORITHMS.md section 6 over its outputs:
 
     inputs   <features of the schema> (float32 [batch, ...]), step_seconds [batch, outputs]
@@ -58,7 +58,7 @@ class DecisionGraph(nn.Module):
 
 
 def output_table(outputs: Mapping) -> list[list[str]]:
-    """``[(method, "K,L1,L2")]`` per output, in output order (method-major, `models.selector_network.OutputLayout`)."""
+    """``[(method, "K,L1,L2")]`` per output, in output order (method-major, `selector.network.OutputLayout`)."""
     return [[m, a] for m in outputs["methods"] for a in outputs["actions"]]
 
 
@@ -96,7 +96,7 @@ def _versions() -> dict:
 
 def export_selector(net: nn.Module, meta: Mapping, out_dir: str | Path, parity_inputs: Mapping[str, np.ndarray],
                     parity_seconds: np.ndarray, atol: float = 1e-4) -> dict:
-    """Export ``net`` (with ``meta`` from `models.selector_network.load_selector`) to ``out_dir``; returns the sidecar.
+    """Export ``net`` (with ``meta`` from `selector.network.load_selector`) to ``out_dir``; returns the sidecar.
 
     ``parity_inputs`` (schema order, float32, batch first) and ``parity_seconds`` ``[N, outputs]``: held-out
     rows the ONNX graph must reproduce."""

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from decoding.engine.torch_sampling import transform_logits
 from decoding.sampling import Sampling
+from engine.torch_sampling import transform_logits
 
 
 @dataclass

@@ -124,10 +124,12 @@ def distill_terms(draft: SelfDraft, pos_in_subset: torch.Tensor, hidden, top_ids
     return feature_terms(draft, pos_in_subset, f, top_ids, top_logp, negatives)
 
 
-def unrolled_terms(draft, pos_in_subset: torch.Tensor, hidden, next_embeds, top_ids, top_logp,
+def unrolled_terms(draft, pos_in_subset: torch.Tensor, batch: tuple,
                    negatives: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`distill_terms` at each depth of a training-time test (module docstring): ``hidden`` [b, 2H],
-    ``next_embeds`` [b, D - 1, H], ``top_ids`` / ``top_logp`` [b, D, K] -> D pairs (kl, acceptance)."""
+    """`distill_terms` at each depth of a training-time test (module docstring). ``batch``: a `RecordDataset` batch
+    of unrolled records, ``(hidden [b, 2H], next_embeds [b, D - 1, H], top_ids [b, D, K], top_logp [b, D, K])``
+    -> D pairs (kl, acceptance)."""
+    hidden, next_embeds, top_ids, top_logp = batch
     f = draft.final_norm(draft.adapter(hidden.to(draft.dtype)))
     terms = [feature_terms(draft, pos_in_subset, f, top_ids[:, 0], top_logp[:, 0], negatives)]
     for d in range(1, top_ids.shape[1]):
@@ -195,7 +197,7 @@ class DraftDistillation(pl.LightningModule):
         """(kl, acceptance) per draft depth of a batch (one depth unless the records are unrolled)."""
         if len(batch) == 3:
             return [distill_terms(self.draft, self.pos_in_subset, *batch, negatives=negatives)]
-        return unrolled_terms(self.draft, self.pos_in_subset, *batch, negatives=negatives)
+        return unrolled_terms(self.draft, self.pos_in_subset, batch, negatives=negatives)
 
     def _log_terms(self, split: str, terms, **kw) -> None:
         kl, acc = terms[0]

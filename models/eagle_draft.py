@@ -3,7 +3,7 @@
 Terms used here:
 
 - *feature*: a hidden state in the target's output space, the final norm's output, which the target's LM head
-  turns into p. The target's tree pass computes one per node anyway (`decoding.engine.tree_pass`).
+  turns into p. The target's tree pass computes one per node anyway (`engine.tree_pass`).
 - *draft step*: ``f = norm(adapter(fc([h_prev, e(x)])))``, ``q = softmax(head(f))``, where ``h_prev`` is the
   feature of the token before ``x`` and ``e(x)`` the target's input embedding of ``x``. At the root, ``h_prev`` is
   the target's own feature at the root's predecessor (the row the root was sampled from); below the root it is
@@ -78,7 +78,7 @@ def quantize_rows(w: torch.Tensor, block: int = 32) -> tuple[np.ndarray, np.ndar
 class EagleDraft(nn.Module):
     """The draft head (module docstring). Trainable parts: ``adapter`` (fc + residual MLP) and ``head.bias``."""
 
-    reads_target_hidden = True  # the decoder hands it the target's features (`decoding.engine.decoder`)
+    reads_target_hidden = True  # the decoder hands it the target's features (`engine.decoder`)
 
     def __init__(self, target: nn.Module, config: EagleDraftConfig, vocab_subset: torch.Tensor | None = None):
         super().__init__()
@@ -159,7 +159,7 @@ class EagleDraft(nn.Module):
         target's features of the same ids (position 0 has no predecessor and reads a zero feature)."""
         if use_cache:
             raise SelfDraftError("the EAGLE draft keeps no cache: the decoder calls its `step` "
-                                 "(decoding.engine), sequences go through forward(use_cache=False)")
+                                 "(engine), sequences go through forward(use_cache=False)")
         return _Output(self.unrolled_logits(input_ids, 1, attention_mask)[0], None)
 
     def unrolled_logits(self, input_ids: torch.Tensor, depth: int, attention_mask=None) -> list[torch.Tensor]:

@@ -8,7 +8,7 @@
   renamed it ``cache`` (models and decoder layers); 5.17 takes ``past_key_values``; releases before 4.56 named
   a decoder layer's ``past_key_value``. Every layer's ``forward`` also takes ``**kwargs``, so a cache passed
   under the wrong name is silently dropped and never filled. `cache_keyword` reads the signature once per class
-  (the engine's own probe, `decoding.engine.cache.declared_cache_kwarg`).
+  (the engine's own probe, `engine.cache.declared_cache_kwarg`).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def require_transformers(version: str | None = None) -> None:
 
 
 def cache_keyword(module) -> str:
-    """The keyword under which ``module.forward`` takes the KV cache (`decoding.engine.cache.declared_cache_kwarg`);
+    """The keyword under which ``module.forward`` takes the KV cache (`engine.cache.declared_cache_kwarg`);
     a forward that names none of them is an error here, where a cache must reach HF's layers."""
     # imported at first use: it loads torch and transformers
-    from decoding.engine.cache import CACHE_KEYWORDS, declared_cache_kwarg
+    from engine.cache import CACHE_KEYWORDS, declared_cache_kwarg
 
     found = declared_cache_kwarg(module)
     if found is None:

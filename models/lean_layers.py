@@ -16,7 +16,7 @@ KV heads, gated SiLU MLP) as one plain function per layer, with
   the pass holds. In float32 a tree pass's row and a one-token step's differ in the last bits (SDPA reduces over a
   different number of keys); on the int4 backend, which rounds every product's input to bfloat16, those bits grew
   to a 1.2% logit difference (total variation 0.03) between a tree pass and plain steps on an AVX2 EPYC;
-- the same ``DynamicCache`` interface, so `decoding.engine.cache.KVState` prunes and forks it as before.
+- the same ``DynamicCache`` interface, so `engine.cache.KVState` prunes and forks it as before.
 
 It gives the same hidden states as the HF layers up to float rounding (tested to 1e-5 on tiny Llama and Qwen2
 models) and is used only where it applies: CPU float32 with oneDNN, no gradients, layers of the supported form

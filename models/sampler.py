@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
 from decoding.sampling import Sampling, draw
+from engine.torch_sampling import to_numpy_rows, transform_logits
 from models.hf_compat import cache_kwargs
 
 

@@ -5,7 +5,7 @@ A runtime that verifies a single chain by speculative sampling (HF transformers'
 step, 0 for a plain step. This stage trains that selector from the labels stage collect already has (no new
 collection): ``chain_selector.method``'s Ê of the grid's chains (``K = 1``; on a chain every OT verifier is
 standard speculative sampling, so these are ``naive``'s labels), one output per draft length n, as the action
-``(1, n, 0)`` (`models.selector_data.chain_labels`). Training is stage train's (`pipeline.train.train_one`: the
+``(1, n, 0)`` (`selector.data.chain_labels`). Training is stage train's (`pipeline.train.train_one`: the
 ``train.*`` hyperparameters, feature set ``target_only``: the target-side inputs a runtime has without running
 the draft); export is stage export's (`pipeline.export.export_one`: ONNX + the same sidecar, with ``"kind":
 "chain"``, parity-checked, logged to MLflow and registered as ``chain_selector.registered_model``).

@@ -78,12 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def use_project_caches() -> None:
     """numba's ``cache=True`` files go to .cache/numba (git- and dvc-ignored), not next to the sources in
-    decoding/**/__pycache__ (a dvc dep). Call before anything imports numba; NUMBA_CACHE_DIR, when set, wins."""
+    the packages' __pycache__ folders. Call before anything imports numba; NUMBA_CACHE_DIR, when set, wins."""
     os.environ.setdefault("NUMBA_CACHE_DIR", os.path.abspath(os.path.join(".cache", "numba")))
 
 
 def main(argv: list[str] | None = None) -> int:
-    import pipeline.process_start  # noqa: F401 - records when the stage started (its MLflow run's start)
+    import pipeline  # noqa: F401 - PROCESS_START_MS: when the stage started (its MLflow run's start)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub unless the user asks
     use_project_caches()

@@ -184,8 +184,9 @@ def collect_metrics(cfg) -> dict:
     """metrics/collect.json from the merged dataset and the latency profile (see README / issue notes)."""
     import numpy as np
 
-    from data_collection.dataset import label_matrix, load_collected, read_dataset_manifest
+    from data_collection.dataset import load_collected, read_dataset_manifest
     from data_collection.dataset_schema import SECONDS_KINDS, seconds_column
+    from data_collection.offline_table import load_offline_table
     from decoding import pricing, throughput
     from decoding.actions import AR_ACTION
     from decoding.latency import LatencyModel
@@ -193,23 +194,20 @@ def collect_metrics(cfg) -> dict:
 
     c, space = cfg.collect, cfg.actions.space()
     manifest = read_dataset_manifest(c.out)
-    ds = load_collected(c.out)
-    latency = LatencyModel.load(cfg.profile.out)
-    ctx = np.asarray(ds["context_length"])
-    split = np.asarray(ds["split"])
-    temps, tops = np.asarray(ds["temperature"]), np.asarray(ds["top_p"])
-    T = pricing.step_seconds(latency, ctx, space)  # [N, A] (a static policy, Traversal's verification)
+    table = load_offline_table(c.out, space, LatencyModel.load(cfg.profile.out), methods=c.methods)
+    split, temps, tops = (table.columns[k] for k in ("split", "temperature", "top_p"))
+    T = table.seconds[pricing.VERIFY_REFERENCE]  # [N, A] (a static policy, Traversal's verification)
     ar = space.index(AR_ACTION) if AR_ACTION in space else None
+    ds = load_collected(c.out).select_columns([seconds_column(k) for k in SECONDS_KINDS])
     secs = {k: float(np.mean(ds[seconds_column(k)])) for k in SECONDS_KINDS}
     out: dict = {
-        "roots": int(len(ds)), "roots_per_split": {s: int((split == s).sum()) for s in ("train", "val", "test")},
+        "roots": len(table), "roots_per_split": {s: int((split == s).sum()) for s in ("train", "val", "test")},
         "seconds_per_root": {**secs, "total": sum(secs.values())},
         "actions": len(space), "num_trees": c.num_trees, "config_hash": manifest["config_hash"],
         "latency_profile": cfg.profile.out, "methods": {},
     }
-    fit = split == "train" if (split == "train").any() else np.ones(len(ds), bool)
-    ev = split == "test" if (split == "test").any() else np.ones(len(ds), bool)
-    labels = {m: label_matrix(ds, m) for m in c.methods}
+    fit, ev = table.split_rows("train"), table.split_rows("test")
+    labels = table.labels
     trav_static = None
     if "traversal" in labels:
         trav_static = throughput.best_static(labels["traversal"][fit], T[fit])

@@ -2,8 +2,8 @@
 
 This module is the only place that reads ``params.yaml``. Each top-level section maps to one dataclass of
 `pipeline/sections/` (one module per section). A command loads only the sections its stage module names in
-``SECTIONS`` (`load_config(..., sections=...)`): only their modules are imported and validated, so a stage's
-code depends on its own sections and no other (`pipeline/stage_deps.py`). Unknown or mistyped keys of a loaded
+``SECTIONS`` (`load_config(..., sections=...)`): only they are typed and validated, so a setting of another stage
+never fails this one. Unknown or mistyped keys of a loaded
 section fail with a `ConfigError` that names the key and the file; an unknown section name always fails.
 Command-line overrides use dotted keys (``--set decode.max_new_tokens=32``) and are typed the same way as
 the file.

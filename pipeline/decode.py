@@ -91,8 +91,8 @@ def build(cfg, args):
     """``(policy, method, action)``: the run's policy from the registry (`policies.registry.build_policy`): the static
     action, or the selector; behind prompt lookup with ``--lookup``."""
     from decoding.actions import AUTOREGRESSIVE, parse_action
-    from decoding.verifiers import get_method
     from policies.registry import build_policy
+    from verifiers import get_method
 
     check_lookup(args)
     method = _pick(args.method, cfg.decode.method)
@@ -117,8 +117,8 @@ def run(cfg, args) -> int:
     import torch
 
     from data_collection.prompts import encode_prompt
-    from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
     from decoding.sampling import Sampling
+    from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
     from models.loading import eos_ids, load_pair
 
     policy, method, action = build(cfg, args)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from decoding.errors import UserInputError
@@ -35,34 +36,9 @@ from decoding.files import write_json_atomic
 SECTIONS = ("model", "tracking", "trajectories", "actions", "profile", "collect", "export", "evaluate")  # the params sections it loads
 
 
-LABEL_COLUMNS = ("split", "context_length", "temperature", "top_p", "source", "l1_p_q_prev")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-mlflow", action="store_true", help="skip MLflow logging")
     parser.add_argument("--no-selector", action="store_true", help="evaluate without the exported selector")
-
-
-def load_labels(cfg):
-    """``(columns, labels per method, action space)`` of the collected dataset (labels and metadata only)."""
-    import numpy as np
-
-    from data_collection.dataset import load_collected, read_dataset_manifest
-    from data_collection.dataset_schema import label_column
-
-    manifest = read_dataset_manifest(cfg.collect.out)
-    actions = [str(a) for a in cfg.actions.space()]
-    if manifest["actions"] != actions:
-        raise UserInputError(f"{cfg.collect.out} was collected on another action grid ({len(manifest['actions'])} "
-                             f"actions) than actions.* ({len(actions)}); re-collect or set actions.* to its grid "
-                             f"{manifest.get('grid')}")
-    methods = list(manifest["methods"])
-    ds = load_collected(cfg.collect.out)
-    keep = [c for c in (*LABEL_COLUMNS, *(label_column(m) for m in methods)) if c in ds.column_names]
-    data = ds.select_columns(keep).with_format("numpy")[:]
-    cols = {c: np.asarray(data[c]) for c in LABEL_COLUMNS if c in data}
-    labels = {m: np.asarray(data[label_column(m)], dtype=np.float64) for m in methods}
-    return cols, labels, cfg.actions.space()
 
 
 def pick_units(cfg, split: str = "test", n: int | None = None):
@@ -178,29 +154,28 @@ def check_selector_methods(methods: list[str], runtime, folder: str) -> None:
 
 def offline_part(cfg):
     """Labels, best statics (TRAIN), their offline TPS (TEST and TRAIN), the best static of all, the findings."""
-    import numpy as np
 
+    from data_collection.dataset import read_dataset_manifest
+    from data_collection.offline_table import load_offline_table
     from decoding.latency import LatencyModel
     from evaluation import online as oe
     from evaluation.claims import findings
 
-    cols, labels, space = load_labels(cfg)
+    space, collected = cfg.actions.space(), read_dataset_manifest(cfg.collect.out)["methods"]
     decoded = list(dict.fromkeys(["traversal", *(cfg.evaluate.methods or cfg.collect.methods)]))
-    missing = [m for m in decoded if m not in labels]
+    missing = [m for m in decoded if m not in collected]
     if missing:
         raise UserInputError(f"evaluate.methods names {missing}, but {cfg.collect.out} has labels only for "
-                             f"{sorted(labels)}; add them to collect.methods and re-collect, or drop them")
+                             f"{sorted(collected)}; add them to collect.methods and re-collect, or drop them")
     # the best static is chosen among every labelled method; only it, the chain and evaluate.methods are decoded
-    methods = list(dict.fromkeys([*decoded, *(m for m in cfg.collect.methods if m in labels)]))
-    T = oe.static_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
-                          [*methods, oe.CHAIN_METHOD])  # method -> [N, A]
-    split = cols["split"]
-    fit = split == "train" if (split == "train").any() else np.ones(len(split), bool)
-    test = split == "test"
-    on = lambda rows: ({m: E[rows] for m, E in labels.items()}, {m: t[rows] for m, t in T.items()})  # noqa: E731
-    statics = oe.best_statics(*on(fit), space, methods, cfg.evaluate.chain)
-    offline = oe.offline_tps(*on(test), statics, space)
-    best = oe.best_static_name(oe.offline_tps(*on(fit), statics, space))
+    methods = list(dict.fromkeys([*decoded, *(m for m in cfg.collect.methods if m in collected)]))
+    table = load_offline_table(cfg.collect.out, space, LatencyModel.load(cfg.profile.out),
+                               priced=[*methods, oe.CHAIN_METHOD])  # each method's steps priced as its own
+    fit, test = table.split_rows("train"), table.split_rows("test", all_when_missing=False)
+    statics = oe.best_statics(table.rows(fit), methods, cfg.evaluate.chain)
+    offline = oe.offline_tps(table.rows(test), statics)
+    best = oe.best_static_name(oe.offline_tps(table.rows(fit), statics))
+    cols, labels = table.columns, table.labels
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)
     statics_decoded = {n: (m, a) for n, (m, a) in statics.items() if n in (oe.CHAIN_STATIC, best) or m in decoded}
@@ -208,12 +183,24 @@ def offline_part(cfg):
             "test_roots": int(test.sum()), "fit_roots": int(fit.sum())}
 
 
-def decode_all(cfg, args, off):
-    """The pair, the policies and every (unit, policy) decode: ``(units, available, policies, runtime, runs, s)``."""
+@dataclass
+class Decoded:
+    """Every (unit, policy) decode of the evaluation (`decode_all`)."""
+
+    units: list  # the TEST trajectories decoded, one per prompt
+    available: int  # TEST prompts there were to pick from
+    policies: list  # the `policies.registry.BuiltPolicy` decoded
+    runtime: object | None  # the exported selector's runtime, when a selector policy was decoded
+    runs: list[dict]  # one row per decode (`evaluation.online.decode_units`)
+    seconds: float  # decoding time (tuning excluded)
+
+
+def decode_all(cfg, args, off) -> Decoded:
+    """The pair, the policies and every (unit, policy) decode."""
     import torch
 
-    from decoding.engine import SpeculativeDecoder
     from decoding.latency import LatencyModel
+    from engine.decoder import SpeculativeDecoder
     from evaluation import online as oe
     from models.loading import eos_ids, load_pair
 
@@ -236,7 +223,7 @@ def decode_all(cfg, args, off):
     start = time.perf_counter()  # tuning above is not decode time: it is in the tuning's own seconds
     runs = oe.decode_units(decoder, units, policies, oe.DecodePlan(ec.max_new_tokens, tuple(ec.seeds), ec.warmup),
                            oe.Progress("evaluate"), LatencyModel.load(cfg.profile.out))
-    return units, available, policies, runtime, runs, time.perf_counter() - start
+    return Decoded(units, available, policies, runtime, runs, time.perf_counter() - start)
 
 
 def selector_policies(policies) -> dict[str, str | None]:
@@ -302,7 +289,9 @@ def run(cfg, args) -> int:
     ec = cfg.evaluate
     start = time.perf_counter()
     off = offline_part(cfg)
-    units, available, policies, runtime, runs, decode_seconds = decode_all(cfg, args, off)
+    decoded = decode_all(cfg, args, off)
+    units, policies, runtime, runs, decode_seconds = (decoded.units, decoded.policies, decoded.runtime, decoded.runs,
+                                                      decoded.seconds)
     load_seconds = time.perf_counter() - start - decode_seconds  # labels, the pair, the policies, tuning
     table, gains = tables(cfg, off, policies, runs)
     train_metrics = json.loads(Path(ec.train_metrics).read_text()) if Path(ec.train_metrics).is_file() else None
@@ -310,7 +299,7 @@ def run(cfg, args) -> int:
     alone, then = names["selector"], names["lookup_then_selector"]
     metrics = {
         "pair": {"target": cfg.model.target, "draft": cfg.model.draft, "threads": cfg.model.threads},
-        "units": {"prompts": len(units), "available_test_prompts": available, "seeds": list(ec.seeds),
+        "units": {"prompts": len(units), "available_test_prompts": decoded.available, "seeds": list(ec.seeds),
                   "max_new_tokens": ec.max_new_tokens, "runs": len(runs)},
         "seconds": {"load": load_seconds, "decode": decode_seconds, "total": time.perf_counter() - start,
                     "tune_threshold_chain": (off["threshold_chain_tuning"] or {}).get("seconds"),

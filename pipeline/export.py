@@ -110,7 +110,7 @@ def run(cfg, args) -> int:
 def export_one(cfg, args, src: Path, out: Path) -> int:
     """Export the trained selector in ``src`` to ``out`` (also the chain selector's, `pipeline.chain_selector`)."""
     from export.onnx_export import export_selector
-    from models.selector_network import load_selector
+    from selector.network import load_selector
 
     net, meta = load_selector(src)
     inputs, seconds = parity_rows(cfg, meta, cfg.export.parity_rows)

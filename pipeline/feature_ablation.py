@@ -4,7 +4,7 @@ dvc stage).
 Trains ``target_only`` selectors (the stage's ``train.*`` settings; the last epoch is kept, as in
 `pipeline.study`) on the collected dataset, once with every input and once per hidden-state input with that input
 *removed*: replaced by zeros on every root, so it carries no information while the network keeps its shape. Each
-selector is scored on the VAL and TEST roots (`models.selector_eval.selector_report`: realized tokens/s from the labels
+selector is scored on the VAL and TEST roots (`selector.report.selector_report`: realized tokens/s from the labels
 and the latency profile, / autoregressive, / best static, / per-root oracle, regret, MAE and Spearman of Ê),
 for every ``--seeds`` (the seed of the network's initialization and of the batch order).
 
@@ -39,8 +39,8 @@ def without(data, name: str | None):
 
 def scores(net, data) -> dict[str, dict[str, float]]:
     """``{split: {KEY: value}}`` of ``net`` on the VAL and TEST roots (chosen among TRAIN's valid outputs)."""
-    from models.selector_eval import selector_report
-    from models.selector_training import predict
+    from selector.report import selector_report
+    from selector.training import predict
 
     fit = data.subset(data.rows("train"))
     out = {}

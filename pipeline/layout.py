@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline", "integrations",
-            "benchmarks", "tests")
-SOURCE_PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline",
-                   "integrations")
+SOURCE_PACKAGES = ("decoding", "verifiers", "engine", "models", "selector", "data_collection", "evaluation", "export",
+                   "policies", "pipeline", "integrations")
+PACKAGES = (*SOURCE_PACKAGES, "benchmarks", "tests")
 
 
 @dataclass

@@ -27,9 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_profiled_pair(cfg):
-    """``(target, draft, vocab_size, tokenizer, draft_source)``: the pair the decoder would load, or the
-    target with an untrained self-draft of the configured shape when the artifact is not built yet."""
+    """``(pair, draft_source)``: the pair the decoder would load (`models.loading.LMPair`), or the target with an
+    untrained draft of the configured shape when the artifact is not built yet, and which draft that is."""
     from models.loading import (
+        LMPair,
         common_vocab_size,
         load_model,
         load_pair,
@@ -42,14 +43,14 @@ def load_profiled_pair(cfg):
     m = cfg.model
     scheme, folder = parse_spec(m.draft)
     if scheme not in ("self_draft", "eagle") or _artifact_kind(folder) == scheme:
-        pair = load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.placement())
-        return pair.target, pair.draft, pair.vocab_size, pair.tokenizer, m.draft
+        return load_pair(m.target, m.draft, m.device, m.dtype, m.cache_dir, m.placement()), m.draft
     from models.fast_path import prepare_for_inference
     from models.self_draft import SelfDraft, SelfDraftConfig, target_fingerprint
 
     td = cfg.train_draft
     tokenizer = load_tokenizer(m.target, m.cache_dir)
-    target = load_model(m.target, resolve_device(m.device), resolve_dtype(m.dtype), m.cache_dir, m.placement())
+    device, dtype = resolve_device(m.device), resolve_dtype(m.dtype)
+    target = load_model(m.target, device, dtype, m.cache_dir, m.placement())
     if scheme == "eagle":  # same shapes, same cost
         from models.eagle_draft import EagleDraft, EagleDraftConfig, for_inference
 
@@ -64,7 +65,8 @@ def load_profiled_pair(cfg):
         shape = f"layers {td.layers}, adapter_width {td.adapter_width}"
     source = (f"untrained {scheme} (train_draft config: {shape}, vocab_subset_size {td.vocab_subset_size}); "
               f"{folder} not built yet")
-    return target, draft, common_vocab_size(target, draft, tokenizer), tokenizer, source
+    vocab = common_vocab_size(target, draft, tokenizer)
+    return LMPair(target, draft, tokenizer, vocab, device, dtype, m.target, m.draft), source
 
 
 def _artifact_kind(folder: str) -> str | None:
@@ -88,7 +90,7 @@ def pair_rows(target, draft, vocab: int, ids: list[int], sampling) -> tuple:
     forward of each model over ``ids`` (the trees `measure_verify_seconds` times)."""
     import torch
 
-    from decoding.engine.torch_sampling import prob_rows
+    from engine.torch_sampling import prob_rows
 
     device = next(target.parameters()).device
     x = torch.tensor([ids], device=device)
@@ -110,7 +112,8 @@ def run(cfg, args) -> int:
     p = cfg.profile
     torch.set_num_threads(cfg.model.threads)
     start = time.perf_counter()
-    target, draft, vocab, tokenizer, draft_source = load_profiled_pair(cfg)
+    loaded, draft_source = load_profiled_pair(cfg)
+    target, draft, vocab, tokenizer = loaded.target, loaded.draft, loaded.vocab_size, loaded.tokenizer
     load_s = time.perf_counter() - start
     ids = tile_ids(encode_prompt(cfg.decode.prompt, tokenizer, cfg.decode.chat_template), max(p.contexts))
     meta = {"target": cfg.model.target, "draft": cfg.model.draft, "draft_timed": draft_source,

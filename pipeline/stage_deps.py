@@ -1,10 +1,13 @@
-"""The code deps of every dvc stage, from the modules the stage really imports (file by file).
+"""Check that each dvc stage's code deps (packages, written by hand in dvc.yaml) cover what the stage imports.
 
-    python -m pipeline.stage_deps --check   # exit 1 and print the difference when dvc.yaml disagrees
-    python -m pipeline.stage_deps --write   # rewrite the code part of each stage's `deps:` in dvc.yaml
+    python -m pipeline.stage_deps --check   # exit 1 and name each file a stage imports but does not list,
+                                            # and each listed package it never imports
     python -m pipeline.stage_deps --table   # how many stages an edit of each package reruns
 
-A stage's command is ``branchpoint <subcommand>``: it runs `pipeline/cli.py`, which loads the params
+dvc.yaml lists a stage's code at package level (``decoding``, ``engine``, ``verifiers``, ...) and, in `pipeline/`,
+the stage's own modules and the shared config (`pipeline/sections`). The packages are cut so that this is
+narrow: the verifiers, the torch engine, the selector and the policies are packages of their own, so an edit of
+one reruns only the stages that import it. A stage's command is ``branchpoint <subcommand>``: it runs `pipeline/cli.py`, which loads the params
 sections the stage module names in ``SECTIONS`` (`pipeline/sections/<name>.py` each) and runs the stage
 module of `pipeline.cli.COMMANDS`. Its code deps are the project files reachable from those modules
 by imports (an AST walk, imports inside functions included, ``if TYPE_CHECKING:`` blocks
@@ -24,7 +27,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("decoding", "models", "data_collection", "evaluation", "export", "policies", "pipeline")
+PACKAGES = ("decoding", "engine", "verifiers", "selector", "models", "data_collection", "evaluation", "export", "policies", "pipeline")
 CLI_MODULE = "pipeline.cli"
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][\w.-]{0,99}")
 
@@ -166,50 +169,34 @@ def _is_code(dep: str) -> bool:
     return dep.split("/")[0] in PACKAGES
 
 
-def expected_deps(dvc: dict, root: Path = ROOT) -> dict[str, list[str]]:
-    """Stage -> its deps: the generated code deps, then its other deps (data, artifacts) as listed."""
-    return {stage: code_deps(entries, root) + [d for d in dvc["stages"][stage].get("deps", []) if not _is_code(d)]
-            for stage, entries in stage_entries(dvc).items()}
+def covers(dep: str, path: str) -> bool:
+    """A dvc dep (a file or a folder) covers a path when it is that path or a folder above it."""
+    return path == dep or path.startswith(dep.rstrip("/") + "/")
 
 
 def differences(dvc: dict, root: Path = ROOT) -> list[str]:
-    """One line per dep that dvc.yaml lists but the stage does not import, or imports but is not listed."""
+    """One line per file a stage imports that none of its deps covers, and per code dep that covers none of the
+    files it imports (a package listed but never read reruns the stage for nothing)."""
     lines = []
-    for stage, want in expected_deps(dvc, root).items():
-        have = dvc["stages"][stage].get("deps", [])
-        lines += [f"{stage}: missing {d}" for d in want if d not in have]
-        lines += [f"{stage}: not imported {d}" for d in have if d not in want]
+    for stage, entries in stage_entries(dvc).items():
+        reached = code_deps(entries, root)
+        listed = [d for d in dvc["stages"][stage].get("deps", []) if _is_code(d)]
+        lines += [f"{stage}: imports {f}, which no dep covers" for f in reached
+                  if not any(covers(d, f) for d in listed)]
+        lines += [f"{stage}: lists {d}, which it never imports" for d in listed
+                  if not any(covers(d, f) for f in reached)]
     return lines
 
 
-def rewrite(text: str, deps: dict[str, list[str]]) -> str:
-    """dvc.yaml text with each stage's ``deps:`` list replaced (comments and the rest kept)."""
-    out, stage, lines, i = [], None, text.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
-            stage = line.strip()[:-1]
-        out.append(line)
-        i += 1
-        if line == "    deps:" and stage in deps:
-            while i < len(lines) and lines[i].startswith("      - "):
-                i += 1
-            out += [f"      - {d}" for d in deps[stage]]
-    return "\n".join(out) + "\n"
-
-
-def _covers(dep: str, path: str) -> bool:
-    return path == dep or path.startswith(dep.rstrip("/") + "/") or dep.startswith(path.rstrip("/") + "/")
-
-
 def rerun_table(dvc: dict, areas: list[str]) -> dict[str, int]:
-    """Area (a package or sub-package folder) -> number of stages an edit of a file in it can rerun."""
-    return {a: sum(any(_covers(d, a) for d in s.get("deps", [])) for s in dvc["stages"].values()) for a in areas}
+    """Area (a package, a folder or a file) -> number of stages an edit of a file in it reruns."""
+    return {a: sum(any(covers(d, a) or covers(a, d) for d in s.get("deps", [])) for s in dvc["stages"].values())
+            for a in areas}
 
 
-AREAS = ["decoding", "decoding/verifiers", "decoding/engine", "decoding/policy.py", "policies", "policies/lookup.py",
-         "decoding/pricing.py", "decoding/latency.py", "models", "data_collection", "evaluation", "export", "pipeline/config.py", "pipeline/sections/model.py", "pipeline/sections/collect.py",
-         "pipeline/sections/evaluate.py", "pipeline/tracking.py"]
+AREAS = ["decoding", "decoding/pricing.py", "engine", "verifiers", "policies", "policies/lookup.py", "selector",
+         "models", "data_collection", "evaluation", "export", "pipeline/config.py", "pipeline/sections",
+         "pipeline/tracking.py", "pipeline/evaluate.py"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,26 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.stage_deps", description=__doc__.splitlines()[0])
     ap.add_argument("--dvc-yaml", type=Path, default=ROOT / "dvc.yaml")
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="exit 1 when dvc.yaml's code deps differ")
-    mode.add_argument("--write", action="store_true", help="rewrite dvc.yaml's deps")
+    mode.add_argument("--check", action="store_true", help="exit 1 when dvc.yaml's code deps miss an import")
     mode.add_argument("--table", action="store_true", help="stages an edit of each package reruns")
     args = ap.parse_args(argv)
-    text = args.dvc_yaml.read_text()
-    dvc = yaml.safe_load(text)
+    dvc = yaml.safe_load(args.dvc_yaml.read_text())
     if args.table:
         for area, n in rerun_table(dvc, AREAS).items():
             print(f"{area:30s} {n}")
-        return 0
-    if args.write:
-        from decoding.files import write_text_atomic
-
-        write_text_atomic(args.dvc_yaml, rewrite(text, expected_deps(dvc)))
         return 0
     diff = differences(dvc)
     for line in diff:
         print(line)
     if diff:
-        print("dvc.yaml's deps differ from the stages' imports: run `python -m pipeline.stage_deps --write`",
+        print("dvc.yaml's code deps do not match the stages' imports: edit the stage's `deps:` in dvc.yaml",
               file=sys.stderr)
     return 1 if diff else 0
 

@@ -3,7 +3,7 @@
 ``learning-curve``: selector quality vs training roots. The TRAIN prompts are shuffled (``--seed``) and the
 first 25 / 50 / 100 % of them (``--fractions``) train a selector each, with the stage's settings
 (``train.*``: feature set, objective, epochs, ...; the last epoch is kept), and every selector is scored on the
-same TEST roots (`models.selector_eval.selector_report`): selector / oracle, / best static, / autoregressive,
+same TEST roots (`selector.report.selector_report`): selector / oracle, / best static, / autoregressive,
 regret, MAE and Spearman of Ê. Whole prompts are kept or dropped, so the splits stay by prompt. Writes JSON
 (``--out``, default metrics/study_learning_curve.json) and a plot next to it (.png).
 
@@ -39,9 +39,9 @@ def train_subset(data, keep_prompts: set[str]):
 def fit_net(cfg, data, td):
     """A selector trained on ``data``'s TRAIN roots with ``train.*`` (the last epoch: no checkpoint); ``td``: the
     `pipeline.training_data.TrainingData` ``data`` was drawn from."""
-    from models.selector_data import SelectorDataModule
-    from models.selector_training import fit_selector
     from pipeline.training_data import hparams
+    from selector.data import SelectorDataModule
+    from selector.training import fit_selector
 
     tc = cfg.train
     net = td.new_net(tc)
@@ -51,7 +51,7 @@ def fit_net(cfg, data, td):
 
 def score(net, data) -> dict:
     """``net``'s TEST report (KEYS, roots, prompts)."""
-    from models.selector_training import predict
+    from selector.training import predict
 
     fit, test = data.subset(data.rows("train")), data.subset(data.rows("test"))
     return {"train_roots": len(fit), "train_prompts": int(len(set(fit.prompt_id.tolist()))),
@@ -85,8 +85,8 @@ def learning_curve(cfg, fractions: list[float], seed: int) -> dict:
 
 
 def _test_row(pred, data, fit, valid) -> dict:
-    """`KEYS` of the selector's report on ``data`` (`models.selector_eval.selector_report`)."""
-    from models.selector_eval import selector_report
+    """`KEYS` of the selector's report on ``data`` (`selector.report.selector_report`)."""
+    from selector.report import selector_report
 
     report = selector_report(pred, data, fit, valid)
     return {k: float(report[k]) for k in KEYS}
@@ -98,9 +98,9 @@ def objectives(cfg, names: list[str], seeds: list[int]) -> dict:
     from dataclasses import replace
 
     from decoding import throughput
-    from models.selector_eval import output_labels
-    from models.selector_training import predict
     from pipeline.training_data import training_data
+    from selector.report import output_labels
+    from selector.training import predict
 
     td = training_data(cfg)
     data = td.data

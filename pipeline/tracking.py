@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.process_start import PROCESS_START_MS  # the CLI imports it first
+from pipeline import PROCESS_START_MS  # set when the CLI first imports the package
 
 PARENT_ENV = "BRANCHPOINT_PARENT_RUN_ID"
 

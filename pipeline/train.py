@@ -1,7 +1,7 @@
 """``branchpoint train``: stage train, the selector of ALGORITHMS.md section 6 on the collected dataset.
 
 Reads: the collected dataset (``collect.out``: features + labels, splits by prompt), the latency profile
-(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`models.selector_network.save_selector`:
+(``profile.out``), params ``train.*``. Writes: the selector folder ``train.out`` (`selector.network.save_selector`:
 weights + meta; ``checkpoints/best.ckpt`` from Lightning's ModelCheckpoint) and ``train.metrics``
 (metrics/train.json). Steps:
 
@@ -46,7 +46,7 @@ def _summary(report: dict) -> dict:
 
 
 def _log_baselines(client, experiment_id: str, results: dict, params: dict, tags: dict) -> dict[str, str]:
-    from models.selector_eval import flat_metrics
+    from selector.report import flat_metrics
 
     ids = {}
     for kind, entry in results.items():
@@ -75,11 +75,11 @@ def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
 @dataclass
 class TrainedSelector:
     """What one training produced, beside the network: the reports per split, the outputs with a label on TRAIN,
-    the TRAIN roots, the MLflow run, the best checkpoint and the baselines (`models.selector_baselines`)."""
+    the TRAIN roots, the MLflow run, the best checkpoint and the baselines (`selector.baselines`)."""
 
     reports: dict
     valid: Any  # [O] bool
-    fit: Any  # models.selector_data.SelectorData, the TRAIN roots
+    fit: Any  # selector.data.SelectorData, the TRAIN roots
     run_id: str
     tags: dict
     best_ckpt: str | None
@@ -112,10 +112,10 @@ def start_tracking(cfg, args, td: TrainingData):
 
 
 def selector_meta(cfg, td: TrainingData, run: TrainedSelector) -> dict:
-    """The trained selector's meta (`models.selector_network.save_selector`); ``kind``: ``chain`` (outputs: chains
+    """The trained selector's meta (`selector.network.save_selector`); ``kind``: ``chain`` (outputs: chains
     ``(1, n, 0)``, verified as one chain, `pipeline.chain_selector`) or ``tree``."""
     from decoding.files import sha256_file
-    from models.selector_eval import serializable
+    from selector.report import serializable
 
     tc, layout, schema, latency, fit, data = cfg.train, td.layout, td.schema, td.latency, run.fit, td.data
     return {
@@ -143,8 +143,8 @@ def selector_meta(cfg, td: TrainingData, run: TrainedSelector) -> dict:
 
 def log_selector_artifacts(client, net, out: Path, run: TrainedSelector, splits: dict) -> str:
     """Plots of the evaluated split, the selector files and the best checkpoint into the MLflow run; the split."""
-    from models.selector_plots import selector_plots
-    from models.selector_training import predict
+    from selector.plots import selector_plots
+    from selector.training import predict
 
     ev = "test" if "test" in run.reports else "val"
     for p in selector_plots(run.reports[ev], predict(net, splits[ev]), splits[ev], run.valid, out / "plots", ev):
@@ -157,7 +157,7 @@ def log_selector_artifacts(client, net, out: Path, run: TrainedSelector, splits:
 
 
 def train_metrics(tc, td: TrainingData, meta: dict, run: TrainedSelector, seconds: dict) -> dict:
-    from models.selector_eval import serializable
+    from selector.report import serializable
 
     return {
         "method": tc.method, "feature_set": tc.feature_set, "objective": tc.objective, "outputs": td.layout.size,
@@ -180,11 +180,11 @@ def train_one(cfg, args, chain: bool = False) -> int:
     import torch
 
     from decoding.files import write_json_atomic
-    from models.selector_baselines import baseline_reports
-    from models.selector_data import SelectorDataModule
-    from models.selector_eval import flat_metrics, selector_report
-    from models.selector_network import save_selector
-    from models.selector_training import FitSetup, fit_selector, predict
+    from selector.baselines import baseline_reports
+    from selector.data import SelectorDataModule
+    from selector.network import save_selector
+    from selector.report import flat_metrics, selector_report
+    from selector.training import FitSetup, fit_selector, predict
 
     tc = cfg.train
     torch.set_num_threads(tc.threads)

@@ -184,14 +184,29 @@ def setting_suffix(temperature: float, top_p: float) -> str:
 CHAIN_LENGTHS = (2, 4, 6)  # chains whose expected block efficiency the metrics report
 
 
-def measure_draft(cfg, target, tokenizer, draft, test: list) -> dict:
+def setting_stats(target, draft, test: list, depth: int = max(CHAIN_LENGTHS)) -> dict[str, tuple[list, object]]:
+    """Per sampling setting of the ``test`` trajectories (keyed by its metric suffix, `setting_suffix`): those
+    trajectories and the draft's acceptance at every position (`models.draft_data.PositionStats`), by depth up to
+    ``depth``. The one measurement behind `measure_draft` and `benchmarks/bench_drafts.py`."""
+    from models.draft_data import position_stats
+
+    out = {}
+    for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
+        group = [t for t in test if t.setting == (temperature, top_p)]
+        stats = position_stats(target, draft, _continuations(group), [temperature], top_p, depth=depth)
+        out[setting_suffix(temperature, top_p)] = (group, stats[temperature])
+    return out
+
+
+def measure_draft(cfg, target, tokenizer, draft, test: list, stats: dict | None = None) -> dict:
     """Step 3 for any ``draft`` of ``target``: acceptance on the TEST trajectories at each of their sampling
     settings (overall, by prompt source and by target entropy; a draft that reads its own features below the first
-    token also by depth), step-time ratio, expected chain efficiency."""
+    token also by depth), step-time ratio, expected chain efficiency. ``stats``: `setting_stats` of these, when the
+    caller has them already."""
     import torch
 
     from data_collection.forward_tables import TimedPair, step_times, tile_ids
-    from models.draft_data import breakdown, chain_block_efficiency, position_stats
+    from models.draft_data import breakdown, chain_block_efficiency
     from models.loading import common_vocab_size
 
     td = cfg.train_draft
@@ -199,19 +214,16 @@ def measure_draft(cfg, target, tokenizer, draft, test: list) -> dict:
         raise ValueError(f"the trajectories in {cfg.trajectories.out} hold no TEST prompts; give that split a "
                          "positive fraction in prompts.split and rerun `branchpoint trajectories`")
     metrics: dict = {"test_prompts": len({t.prompt_id for t in test})}
-    for temperature, top_p in sorted({t.setting for t in test}, reverse=True):
-        group = [t for t in test if t.setting == (temperature, top_p)]
-        stats = position_stats(target, draft, _continuations(group), [temperature], top_p,
-                               depth=max(CHAIN_LENGTHS))[temperature]
-        acc, name = stats.acceptance, setting_suffix(temperature, top_p)
+    for name, (group, stats_) in (stats or setting_stats(target, draft, test)).items():
+        acc = stats_.acceptance
         flat = torch.cat(acc)
         metrics[f"acceptance_test_{name}"] = float(flat.mean())
         metrics[f"test_positions_{name}"] = int(flat.numel())
-        for d, rows in enumerate(stats.deeper, start=2):
+        for d, rows in enumerate(stats_.deeper, start=2):
             metrics[f"acceptance_test_{name}_depth{d}"] = float(torch.cat(rows).mean())
-        metrics[f"breakdown_test_{name}"] = breakdown(stats, [t.source for t in group])
+        metrics[f"breakdown_test_{name}"] = breakdown(stats_, [t.source for t in group])
         for n in CHAIN_LENGTHS:
-            metrics[f"expected_chain_block_efficiency_L{n}_{name}"] = chain_block_efficiency(acc, n, stats.deeper)
+            metrics[f"expected_chain_block_efficiency_L{n}_{name}"] = chain_block_efficiency(acc, n, stats_.deeper)
     ids = test[0].prompt_ids
     pair = TimedPair(target, draft, common_vocab_size(target, draft, tokenizer))
     metrics.update(step_times(pair, tile_ids(ids, td.timing_context), reps=td.timing_reps))

@@ -1,7 +1,7 @@
 """The selector's training inputs from the collected dataset: shared by stage train and the studies.
 
 `training_data` loads the collected roots, their labels and step costs (`decoding.pricing`) as
-`models.selector_data.SelectorData` for ``train.method`` / ``train.feature_set``; `layout_for` is the output layout
+`selector.data.SelectorData` for ``train.method`` / ``train.feature_set``; `layout_for` is the output layout
 of ``train.method``; `inference_seconds` times the selector's own forward (charged to every step it decides);
 `hparams` hands ``train.*``'s optimisation knobs to the training loop (`pipeline.sections.train` is their one home).
 """
@@ -15,17 +15,17 @@ from typing import Any
 @dataclass
 class TrainingData:
     """What `training_data` loads: the dataset manifest, the output layout, the feature schema, the latency profile,
-    the roots as `models.selector_data.SelectorData` and the selector's charged forward time (seconds)."""
+    the roots as `selector.data.SelectorData` and the selector's charged forward time (seconds)."""
 
     manifest: dict
-    layout: Any  # models.selector_network.OutputLayout
+    layout: Any  # selector.network.OutputLayout
     schema: Any  # decoding.features.FeatureSchema
     latency: Any  # decoding.latency.LatencyModel
-    data: Any  # models.selector_data.SelectorData
+    data: Any  # selector.data.SelectorData
     inference_seconds: float
 
     def new_net(self, tc):
-        """An untrained `models.selector_network.SelectorNet` of ``train.*``'s architecture for this layout."""
+        """An untrained `selector.network.SelectorNet` of ``train.*``'s architecture for this layout."""
         return new_net(self.schema, self.layout, tc)
 
 
@@ -34,7 +34,7 @@ def new_net(schema, layout, tc):
     stage train on the same data end with different selectors)."""
     import torch
 
-    from models.selector_network import NetShape, SelectorNet
+    from selector.network import NetShape, SelectorNet
 
     torch.manual_seed(tc.seed)
     return SelectorNet(schema.hidden_sizes, len(schema.scalars), layout.size,
@@ -43,8 +43,8 @@ def new_net(schema, layout, tc):
 
 def layout_for(tc, manifest: dict):
     from decoding.actions import parse_action
-    from models.selector_network import OutputLayout
     from pipeline.config import ConfigError
+    from selector.network import OutputLayout
 
     collected = list(manifest["methods"])
     methods = (tc.auto_methods or collected) if tc.method == "auto" else [tc.method]
@@ -75,14 +75,14 @@ def inference_seconds(net, reps: int = 200) -> float:
 def training_data(cfg, chain: bool = False) -> TrainingData:
     """The `TrainingData` of the collected dataset; with
     ``chain``, of a chain selector: ``train.method``'s labels of the grid's chains, one output per draft length
-    (`models.selector_data.chain_labels`)."""
+    (`selector.data.chain_labels`)."""
     import numpy as np
 
     from data_collection.dataset import label_matrix, load_collected, read_dataset_manifest
     from data_collection.dataset_schema import label_se_column
     from decoding.features import FeatureSchema
     from decoding.latency import LatencyModel
-    from models.selector_data import Labels, build_selector_data
+    from selector.data import Labels, build_selector_data
 
     tc = cfg.train
     manifest = read_dataset_manifest(cfg.collect.out)
@@ -105,9 +105,9 @@ def training_data(cfg, chain: bool = False) -> TrainingData:
 
 def chain_layout(layout, labels):
     """``(layout, labels)`` of a chain selector: ``layout``'s one method, its chains' `Labels` only."""
-    from models.selector_data import Labels, chain_labels
-    from models.selector_network import OutputLayout
     from pipeline.config import ConfigError
+    from selector.data import Labels, chain_labels
+    from selector.network import OutputLayout
 
     if layout.auto:
         raise ConfigError("a chain selector learns one method's labels; set train.method to one method, not auto")
@@ -117,9 +117,9 @@ def chain_layout(layout, labels):
 
 
 def hparams(tc):
-    """``train.*``'s optimisation knobs as `models.selector_training.SelectorHParams` (which has no defaults of its
+    """``train.*``'s optimisation knobs as `selector.training.SelectorHParams` (which has no defaults of its
     own for them)."""
-    from models.selector_training import SelectorHParams
+    from selector.training import SelectorHParams
 
     return SelectorHParams(objective=tc.objective, lr=tc.lr, weight_decay=tc.weight_decay, epochs=tc.epochs,
                            label_weighting=tc.label_weighting, throughput_lambda=tc.throughput_lambda,

@@ -27,6 +27,7 @@ import numpy as np
 
 from decoding.actions import AR_ACTION, Action
 from decoding.policy import Choice, Policy, StepResult, as_policy
+from decoding.tree import proposal_tree
 
 __all__ = ["MAX_NGRAM", "LookupFirst", "Proposal", "propose"]
 
@@ -86,11 +87,12 @@ class LookupFirst(Policy):
         found = propose(features.context, self.length, self.max_ngram, self.min_ngram) \
             if features.context is not None else None
         if found is not None:  # a match starts before the suffix: a token always follows it
-            return Choice(Action(1, len(found.tokens), 0), self.method, found.tokens)
+            vocab_size = len(features.p_prev)  # the target's rows: the proposal's one-hot q rows are as wide
+            return Choice(Action(1, len(found.tokens), 0), self.method, proposal_tree(found.tokens, vocab_size))
         return self.fallback.select(features)
 
     def observe(self, step: StepResult) -> None:
-        if not step.lookup:
+        if not step.proposed:
             self.fallback.observe(step)
 
     def reset(self) -> None:

@@ -12,8 +12,8 @@ target's law whatever the chain (every chain length is lossless), so mixing over
 proof is tests/test_threshold_chain.py (every draft outcome enumerated on `decoding.exact.TablePair`),
 with a negative control: a stop rule that peeks at the target is caught.
 
-`ThresholdChain` asks for such a chain with a `decoding.policy.Choice` whose ``stop_below`` is the threshold; the
-engine drafts it (`decoding.engine.drafting.draft_stop_chain`: each token fed only when the chain continues, no
+`ThresholdChain` asks for such a chain with a `decoding.policy.Choice` whose ``stop_after`` is the threshold rule (`ThresholdChain.stops_after`); the
+engine drafts it (`engine.drafting.draft_stop_chain`: each token fed only when the chain continues, no
 draft work past the stop) and records the realized chain as the step's action.
 """
 
@@ -59,7 +59,11 @@ class ThresholdChain(Policy):
         self.max_length, self.threshold = int(max_length), float(threshold)
 
     def select(self, features) -> Choice:
-        return Choice(Action(1, self.max_length, 0), stop_below=self.threshold)
+        return Choice(Action(1, self.max_length, 0), stop_after=self.stops_after)
+
+    def stops_after(self, q_row) -> bool:
+        """The stop rule: the draft's top-1 probability at this node is below the threshold."""
+        return float(np.max(q_row)) < self.threshold
 
     def __repr__(self) -> str:
         return f"ThresholdChain(max_length={self.max_length}, threshold={self.threshold})"

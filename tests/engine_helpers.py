@@ -35,6 +35,5 @@ def untied_pair(seed: int = 0, noise: float = 0.6, head_scale: float = 3.0) -> t
 
 def generate(target, draft, prompt, max_new_tokens, **options):
     """`SpeculativeDecoder.generate` of a fresh decoder over the target's whole head (the tests' shorthand)."""
-    from decoding.engine import SpeculativeDecoder
-
+    from engine.decoder import SpeculativeDecoder
     return SpeculativeDecoder(target, draft).generate(prompt, max_new_tokens, **options)

@@ -29,12 +29,12 @@ import torch
 from scipy import stats
 
 from decoding.actions import Action
-from decoding.engine.cache import KVState
-from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
-from decoding.engine.tree_pass import forward_nodes, prefill
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree, children_lists, tree_layout
-from decoding.verifiers import get_method
+from engine.cache import KVState
+from engine.torch_sampling import to_numpy_rows, transform_logits
+from engine.tree_pass import forward_nodes, prefill
+from verifiers import get_method
 
 Prefix = tuple[int, ...]
 

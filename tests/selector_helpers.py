@@ -14,7 +14,7 @@ from engine_helpers import VOCAB, untied_pair
 from decoding.actions import ActionSpace
 from decoding.features import FeatureSchema
 from decoding.latency import LatencyModel
-from models.selector_network import NetShape, SelectorNet
+from selector.network import NetShape, SelectorNet
 
 SPACE = ActionSpace(range(1, 3), range(0, 3), range(0, 3))
 METHODS = ["traversal", "specinfer"]  # of build_collected
@@ -35,8 +35,8 @@ def toy_latency() -> LatencyModel:
 def random_selector(feature_set: str = "paper", methods=("traversal",), seed: int = 0, hidden=(12, 8),
                     objective: str = "regression"):
     """A randomly initialised SelectorNet (known outputs fixed / tied, `OutputLayout.constraints`) and the
-    meta `models.selector_network.save_selector` expects."""
-    from models.selector_network import OutputLayout
+    meta `selector.network.save_selector` expects."""
+    from selector.network import OutputLayout
 
     torch.manual_seed(seed)
     schema = FeatureSchema.for_pair(feature_set, *hidden)

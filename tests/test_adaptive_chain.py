@@ -8,9 +8,9 @@ import pytest
 from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
-from decoding.engine import SpeculativeDecoder
 from decoding.policy import RootFeatures
 from decoding.sampling import Sampling
+from engine.decoder import SpeculativeDecoder
 from policies.adaptive_chain import AdaptiveChain
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from decoding.actions import Action, ActionSpace
-from models.selector_data import SelectorDataError, chain_labels
+from selector.data import SelectorDataError, chain_labels
 
 
 def test_chain_labels_average_the_grids_chains_of_each_length():

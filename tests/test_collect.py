@@ -15,13 +15,13 @@ from engine_helpers import VOCAB, untied_pair
 from data_collection.dataset import DatasetError, ShardWriter, load_collected, merge_manifests
 from data_collection.root_collector import RootCollector, UnionTrees, forest_layout, root_positions, root_seed
 from decoding.actions import Action, ActionSpace
-from decoding.engine import SpeculativeDecoder
-from decoding.engine.torch_sampling import prob_rows
 from decoding.labels import expected_block_efficiency, union_labels
 from decoding.policy import Policy
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree
 from decoding.union_tree import union_from_tokens, union_layout
+from engine.decoder import SpeculativeDecoder
+from engine.torch_sampling import prob_rows
 
 SPACE = ActionSpace(range(1, 4), range(0, 3), range(0, 3))
 METHODS = ["traversal", "specinfer", "spectr", "naive_tree"]
@@ -75,8 +75,8 @@ def test_prefill_equals_token_by_token(pair, one_thread):
     seq = list(np.random.default_rng(1).integers(0, VOCAB, 30))
     collector = RootCollector(target, draft, VOCAB, SPACE, METHODS)
     _, logits, hidden = collector.prefill(target, seq)
-    from decoding.engine.cache import KVState
-    from decoding.engine.tree_pass import forward_nodes
+    from engine.cache import KVState
+    from engine.tree_pass import forward_nodes
 
     kv = KVState(target)
     for i, tok in enumerate(seq):
@@ -100,8 +100,8 @@ def test_forest_rows_equal_full_forwards(pair, one_thread):
     r = 20
     collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(2))
     pre = collector._prefill(seq, [r], sampling)
-    from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
-    from decoding.engine.tree_pass import target_tree_pass
+    from engine.drafting import DraftRoot, DraftRule, draft_layout
+    from engine.tree_pass import target_tree_pass
 
     drafted = draft_layout(DraftRoot(pre["kv_d"].fork(r + 1), pre["q_root"][0]), collector.parents, collector.depths,
                            DraftRule(sampling, VOCAB), np.random.default_rng(0))
@@ -131,8 +131,8 @@ def test_union_labels_equal_each_actions_own_tree(pair, one_thread):
     seq = list(np.random.default_rng(3).integers(0, VOCAB, 30))
     collector = RootCollector(target, draft, VOCAB, SPACE, METHODS, UnionTrees(1))
     pre = collector._prefill(seq, [25], sampling)
-    from decoding.engine.drafting import DraftRoot, DraftRule, draft_layout
-    from decoding.engine.tree_pass import target_tree_pass
+    from engine.drafting import DraftRoot, DraftRule, draft_layout
+    from engine.tree_pass import target_tree_pass
 
     parents, depths, _ = union_layout(SPACE)
     drafted = draft_layout(DraftRoot(pre["kv_d"].fork(26), pre["q_root"][0]), parents, depths,

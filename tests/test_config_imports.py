@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_method_names_equal_the_registry():
-    from decoding.verifiers import METHODS
+    from verifiers import METHODS
 
     assert METHOD_NAMES == tuple(METHODS)
 
@@ -27,7 +27,7 @@ def test_unknown_method_names_the_known_ones():
 
 def test_validating_the_params_file_imports_no_torch_or_numba():
     code = ("import sys; from pipeline.config import load_config; load_config('params.yaml'); "
-            "bad = [m for m in ('torch', 'numba', 'decoding.verifiers', 'scipy') if m in sys.modules]; "
+            "bad = [m for m in ('torch', 'numba', 'verifiers', 'scipy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

@@ -3,8 +3,9 @@ rule) followed from `SpeculativeDecoder.step` until the step's `Choice` is made,
 
 docs/architecture.md lists these modules ("One decoding step"); this test keeps that list true and short. Five in
 the steady state of a selector step (the decoder, which also checks the `Choice` it gets; the lookup rule; the
-runtime; the features; the latency profile's memo of root step times and prices), three for a lookup step; the
-first step of a block of context lengths also prices it (`decoding/pricing.py`).
+runtime; the features; the latency profile's memo of root step times and prices), four for a lookup step (the
+lookup rule builds its chain's tree); the first step of a block of context lengths also prices it
+(`decoding/pricing.py`).
 """
 
 import sys
@@ -15,14 +16,14 @@ from engine_helpers import VOCAB, untied_pair
 from selector_helpers import random_inputs, random_selector, toy_latency
 
 from decoding import pricing
-from decoding.engine import SpeculativeDecoder
 from decoding.sampling import Sampling
+from engine.decoder import SpeculativeDecoder
 from policies.lookup import LookupFirst
 
 ROOT = Path(__file__).resolve().parents[1]
-DECISION_MODULES = {"decoding/engine/decoder.py", "policies/lookup.py", "export/runtime.py", "decoding/features.py",
+DECISION_MODULES = {"engine/decoder.py", "policies/lookup.py", "export/runtime.py", "decoding/features.py",
                     "decoding/latency.py"}
-LOOKUP_STEP = {"decoding/engine/decoder.py", "policies/lookup.py", "decoding/actions.py"}
+LOOKUP_STEP = {"engine/decoder.py", "policies/lookup.py", "decoding/actions.py", "decoding/tree.py"}
 
 
 def _ours(filename: str) -> str | None:
@@ -54,7 +55,7 @@ def selector(tmp_path_factory):
     return SelectorRuntime(folder, latency=toy_latency())
 
 
-def test_a_selector_decision_opens_five_of_our_modules_a_lookup_step_three(selector):
+def test_a_selector_decision_opens_five_of_our_modules_a_lookup_step_four(selector):
     target, draft = untied_pair()
     policy = LookupFirst(selector, length=4)
     decoder = SpeculativeDecoder(target, draft, VOCAB)
@@ -75,7 +76,7 @@ def test_a_selector_decision_opens_five_of_our_modules_a_lookup_step_three(selec
             return original(features)
         finally:
             sys.setprofile(None)
-            seen.append(calls | {"decoding/engine/decoder.py"})  # and the caller
+            seen.append(calls | {"engine/decoder.py"})  # and the caller
 
     policy.select = traced_select
     # a context without repeats first (the selector decides), then decode on

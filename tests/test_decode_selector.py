@@ -17,7 +17,7 @@ TINY_HIDDEN = 32  # tests/tiny_models.py's default hidden size
 def project(tmp_path_factory):
     """A params file for a saved tiny pair and a selector exported for its hidden sizes (SpecInfer only)."""
     from export.onnx_export import export_selector
-    from models.selector_network import save_selector
+    from selector.network import save_selector
 
     root = tmp_path_factory.mktemp("project")
     t = save_tiny_model(root / "target", 2, seed=0)

@@ -7,7 +7,7 @@ backtick spans and fenced blocks):
 - ``python -m <module> [subcommand]``: the module is importable and runs something (``__main__``); its flags (and subcommand) are those of the
   argparse parser its ``__main__`` builds (captured when it parses, so nothing runs), and a module that builds
   none takes no flags;
-- a path of ours to a module, a doc or a folder (``decoding/pricing.py``, ``docs/throughput.md``, ``decoding/engine/``)
+- a path of ours to a module, a doc or a folder (``decoding/pricing.py``, ``docs/throughput.md``, ``engine/``)
   exists (outputs such as ``benchmarks/results/engine.json`` are made by commands, and not checked);
 - a dotted name of ours in an inline span (``decoding.pricing``, ``decoding.pricing.decide``,
   ``export.runtime.SelectorRuntime.select``) is a module, and what follows it its attributes (read from the
@@ -273,6 +273,6 @@ def test_the_checker_passes_names_that_exist() -> None:
     text = ("`branchpoint decode --set decode.max_new_tokens=8`, `branchpoint info --layout`, "
             "`python -m pipeline.study learning-curve|objectives --seeds 0 1`, `python -m pipeline.info --layout`, "
             "`decoding/pricing.py`, `decoding.pricing.decide`, `decoding.METHODS`, "
-            "`export.runtime.SelectorRuntime.select`, `decoding/verifiers/`, `pricing.decide`, "
+            "`export.runtime.SelectorRuntime.select`, `verifiers/`, `pricing.decide`, "
             "`StepRatios.plain_scale`, `latency.json`, `train.objective`, `export.out`")
     assert doc_problems(text) == []

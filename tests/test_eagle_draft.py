@@ -13,10 +13,10 @@ from transformers import LlamaForCausalLM
 
 from data_collection.root_collector import RootCollector, UnionTrees
 from decoding.actions import Action, ActionSpace
-from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
-from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
-from decoding.engine.torch_sampling import prob_rows
 from decoding.sampling import Sampling
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
+from engine.drafting import DraftRoot, DraftRule, draft_tree
+from engine.torch_sampling import prob_rows
 from models.draft_data import Continuations, distillation_records, position_stats
 from models.draft_training import RecordDataset, distill_terms, unrolled_terms
 from models.eagle_draft import EagleDraft, EagleDraftConfig, load_eagle_draft, quantize_rows
@@ -272,7 +272,7 @@ def test_unrolled_records_stay_inside_a_continuation_and_match_the_chain(pair):
     assert torch.equal(top_ids[1], rec.top_ids[5:8])
     pos = subset_positions(draft)
     with torch.no_grad():
-        terms = unrolled_terms(draft, pos, hidden, next_embeds, top_ids, top_logp)
+        terms = unrolled_terms(draft, pos, (hidden, next_embeds, top_ids, top_logp))
         flat = distill_terms(draft, pos, hidden, top_ids[:, 0], top_logp[:, 0])
     assert len(terms) == 3 and torch.allclose(terms[0][0], flat[0]) and torch.allclose(terms[0][1], flat[1])
     with pytest.raises(ValueError, match="record_seq"):
@@ -293,11 +293,11 @@ def test_training_time_test_raises_the_deeper_acceptance():
         opt = torch.optim.Adam(list(draft.adapter.parameters()) + [draft.head.bias], lr=3e-3)
         draft.train()
         for _ in range(150):
-            terms = unrolled_terms(draft, pos, *batch)[:unroll]
+            terms = unrolled_terms(draft, pos, batch)[:unroll]
             loss = sum(kl + 1.0 - acc for kl, acc in terms)
             opt.zero_grad()
             loss.backward()
             opt.step()
         with torch.no_grad():
-            depth2[unroll] = float(unrolled_terms(draft.eval(), pos, *batch)[1][1])
+            depth2[unroll] = float(unrolled_terms(draft.eval(), pos, batch)[1][1])
     assert depth2[2] > depth2[1] + 0.02, depth2

@@ -6,10 +6,11 @@ import torch
 from engine_helpers import VOCAB, generate, untied_pair
 
 from decoding.actions import Action
-from decoding.engine import AUTOREGRESSIVE, Policy, RootFeatures, SpeculativeDecoder
-from decoding.engine.torch_sampling import transform_logits
+from decoding.policy import Policy, RootFeatures
 from decoding.sampling import Sampling, transform_logits_np
-from decoding.verifiers import METHODS
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
+from engine.torch_sampling import transform_logits
+from verifiers import METHODS
 
 CHAIN_ONLY = {"naive", "bv"}
 
@@ -182,15 +183,17 @@ class Returns(Policy):
 
 
 @pytest.mark.parametrize("answer, match", [
-    ("Choice(Action(1, 2, 0), proposal=(4, 5, 6))", "proposal of 3 tokens is the chain 1,3,0, not 1,2,0"),
-    ("Choice(Action(1, 2, 0), proposal=(4, 5), stop_below=0.5)", "not both"),
-    ("Choice(Action(2, 1, 1), stop_below=0.5)", "stop_below drafts the chain"),
+    ("Choice(Action(1, 2, 0), proposal=proposal_tree((4, 5, 6), 8))", "proposal of shape 1,3,0 is not the Choice's "
+                                                                      "action 1,2,0"),
+    ("Choice(Action(1, 2, 0), proposal=proposal_tree((4, 5), 8), stop_after=bool)", "not both"),
+    ("Choice(Action(2, 1, 1), stop_after=bool)", "stop_after drafts the chain"),
     # a chain by is_chain (K = 1), but the stop rule drafts L1 tokens only: 1,2,1 would draft 2 of its 3 (issue #47)
-    ("Choice(Action(1, 2, 1), stop_below=0.5)", "stop_below drafts the chain 1,L1,0"),
+    ("Choice(Action(1, 2, 1), stop_after=bool)", "stop_after drafts the chain 1,L1,0"),
     ("(1, 2, 0)", "not an Action or a Choice"),
 ])
 def test_the_decoder_rejects_an_inconsistent_choice_naming_the_policy(pair, answer, match):
     from decoding.policy import Choice  # noqa: F401 (the answers' names)
+    from decoding.tree import proposal_tree  # noqa: F401
 
     target, draft = pair
     with pytest.raises((ValueError, TypeError), match=match) as err:

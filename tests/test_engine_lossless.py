@@ -27,9 +27,9 @@ from lossless_harness import (
 )
 
 from decoding.actions import Action
-from decoding.engine import SpeculativeDecoder
 from decoding.sampling import Sampling
-from decoding.verifiers import METHODS
+from engine.decoder import SpeculativeDecoder
+from verifiers import METHODS
 
 ALPHA = 1e-3
 TOP = 9  # listed sequences; + 1 rest bin
@@ -82,7 +82,7 @@ def test_lossless_tiny_pair_full_power(tiny_oracle, method):
 
 def test_the_check_detects_a_lossy_verifier(tiny_oracle):
     """Power in practice: accepting every draft token (no verification) is caught."""
-    from decoding.verifiers.registry import BottomUpMethod
+    from verifiers.registry import BottomUpMethod
 
     def accept_all(tree, p_rows, rng):
         node, path = 0, []

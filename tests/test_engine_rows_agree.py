@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-import decoding.engine.drafting as drafting
+import engine.drafting as drafting
 from data_collection.root_collector import RootCollector, UnionTrees
-from decoding.engine import SpeculativeDecoder
-from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import target_tree_pass
 from decoding.sampling import Sampling
 from decoding.tree import DraftTree
+from engine.decoder import SpeculativeDecoder
+from engine.torch_sampling import prob_rows
+from engine.tree_pass import target_tree_pass
 from models.fast_path import PackedLinear, prepare_for_inference
 from models.self_draft import SelfDraft, SelfDraftConfig
 from pipeline.config import load_config

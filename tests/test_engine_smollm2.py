@@ -6,9 +6,9 @@ import torch
 from engine_helpers import noisy_draft
 
 from decoding.actions import Action
-from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
 from decoding.sampling import Sampling
-from decoding.verifiers import METHODS
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
+from verifiers import METHODS
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 NEW = 16

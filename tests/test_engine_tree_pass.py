@@ -16,12 +16,12 @@ from tiny_models import tiny_config
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from decoding.actions import Action
-from decoding.engine.cache import KVState
-from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
-from decoding.engine.torch_sampling import to_numpy_rows, transform_logits
-from decoding.engine.tree_pass import forward_nodes, prefill, target_tree_pass
 from decoding.sampling import Sampling
 from decoding.tree import build_tree, tree_layout
+from engine.cache import KVState
+from engine.drafting import DraftRoot, DraftRule, draft_tree
+from engine.torch_sampling import to_numpy_rows, transform_logits
+from engine.tree_pass import forward_nodes, prefill, target_tree_pass
 
 ATOL = 1e-5
 V = 64
@@ -131,7 +131,7 @@ def test_rows_give_those_rows_of_a_full_forward(kind):
     """``forward_nodes(rows=...)`` (collect's and lookup's prefills: only the roots' rows) returns exactly those
     rows of logits and hidden states, in the given order, whether the head skips the others (HF models and the
     self-draft take ``logits_to_keep``) or not; the cache holds every token either way."""
-    from decoding.engine.tree_pass import causal_allowed
+    from engine.tree_pass import causal_allowed
     from models.self_draft import SelfDraft, SelfDraftConfig
 
     model = _small("llama", "sdpa")
@@ -155,7 +155,7 @@ def test_rows_give_those_rows_of_a_full_forward(kind):
 
 def test_bool_mask_is_never_used():
     """The engine's masks are additive floats of the model dtype (boolean 4D masks break eager)."""
-    from decoding.engine.tree_pass import attention_mask
+    from engine.tree_pass import attention_mask
 
     model = _small("llama", "eager")
     kv = KVState(model)

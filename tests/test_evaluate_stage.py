@@ -11,6 +11,7 @@ import pytest
 from selector_helpers import SPACE, random_inputs, random_selector, toy_latency
 
 from decoding.actions import parse_action
+from decoding.errors import UserInputError
 
 METHODS = ["traversal", "specinfer", "gbv"]
 SETTINGS = [(1.0, 1.0), (0.6, 0.95)]
@@ -214,7 +215,7 @@ def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded
     ``best_static``), and the statics decoded online are the chain, Traversal's and the best one only."""
     from evaluation import online as oe
     from pipeline.config import load_config
-    from pipeline.evaluate import load_labels, offline_part
+    from pipeline.evaluate import offline_part
 
     root, path = params
     cfg = load_config(path, ["evaluate.methods=[traversal]"])
@@ -222,15 +223,14 @@ def test_best_static_is_chosen_over_every_labelled_method_but_only_it_is_decoded
     assert set(off["offline"]) == {oe.AUTOREGRESSIVE, oe.CHAIN_STATIC, *(f"static:{m}" for m in METHODS)}
     assert set(off["statics"]) == {oe.CHAIN_STATIC, "static:traversal", off["best_static"]}
     # the best static is the highest TRAIN TPS of all three methods, recomputed here from the labels
+    from data_collection.offline_table import load_offline_table
     from decoding.latency import LatencyModel
 
-    cols, labels, space = load_labels(cfg)
-    T = oe.static_seconds(LatencyModel.load(cfg.profile.out), space, cols["context_length"],
-                          [*METHODS, oe.CHAIN_METHOD])
-    fit = cols["split"] == "train"
-    on_fit = ({m: E[fit] for m, E in labels.items()}, {m: t[fit] for m, t in T.items()})
-    statics = oe.best_statics(*on_fit, space, METHODS, True)
-    train_tps = oe.offline_tps(*on_fit, statics, space)
+    tab = load_offline_table(cfg.collect.out, cfg.actions.space(), LatencyModel.load(cfg.profile.out),
+                             priced=[*METHODS, oe.CHAIN_METHOD])
+    on_fit = tab.rows(tab.columns["split"] == "train")
+    statics = oe.best_statics(on_fit, METHODS, True)
+    train_tps = oe.offline_tps(on_fit, statics)
     assert off["best_static"] == max((f"static:{m}" for m in METHODS), key=lambda n: train_tps[n]["tps"])
 
 
@@ -294,3 +294,32 @@ def test_selector_methods_must_have_an_effect():
         check_selector_methods(["traversal"], single, "sel")
     with pytest.raises(UserInputError, match=r"names \['gbv'\], which the selector in sel does not predict"):
         check_selector_methods(["traversal", "gbv"], auto, "sel")
+
+
+def test_the_offline_table_is_the_dataset_with_its_prices_and_names_a_wrong_grid(params):
+    """data_collection/offline_table.py: one table of labels, step prices and root columns (collect's summary and
+    evaluate's offline table read it); a grid or a method the dataset was not collected with is a clear error."""
+    from data_collection.dataset import label_matrix, load_collected
+    from data_collection.offline_table import load_offline_table
+    from decoding import pricing
+    from decoding.actions import ActionSpace
+    from decoding.latency import LatencyModel
+    from pipeline.config import load_config
+
+    _, path = params
+    cfg = load_config(path)
+    latency, space = LatencyModel.load(cfg.profile.out), cfg.actions.space()
+    tab = load_offline_table(cfg.collect.out, space, latency)
+    ds = load_collected(cfg.collect.out)
+    assert len(tab) == len(ds) and set(tab.labels) == set(METHODS)
+    np.testing.assert_array_equal(tab.labels["specinfer"], label_matrix(ds, "specinfer"))
+    np.testing.assert_array_equal(tab.seconds[pricing.VERIFY_REFERENCE],
+                                  pricing.step_seconds(latency, np.asarray(ds["context_length"]), space))
+    test = tab.split_rows("test")
+    assert test.sum() == (np.asarray(ds["split"]) == "test").sum() > 0
+    assert tab.rows(test).labels["traversal"].shape == (test.sum(), len(space))
+    assert tab.split_rows("nosuch").all() and not tab.split_rows("nosuch", all_when_missing=False).any()
+    with pytest.raises(UserInputError, match="another action grid"):
+        load_offline_table(cfg.collect.out, ActionSpace(range(1, 2), range(0, 2), range(0, 1)), latency)
+    with pytest.raises(UserInputError, match="no labels for"):
+        load_offline_table(cfg.collect.out, space, latency, methods=["nss"])

@@ -15,7 +15,7 @@ DVC = Path(sys.executable).with_name("dvc")
 
 # the stage: the CLI's cache setup, then one numba cache=True kernel of the verifiers (compiled and cached)
 STAGE = ("from pipeline.cli import use_project_caches; use_project_caches(); import numpy as np; "
-         "from decoding.verifiers.mass_numerics import residual_mass; "
+         "from verifiers.mass_numerics import residual_mass; "
          "open('out.txt', 'w').write(str(residual_mass(np.full(3, 1 / 3), np.full(3, 1 / 3), 0.0)))")
 # `first` runs before `warm` and shares its dep: a file that `warm` writes under decoding/ would change it
 DVC_YAML = f"""stages:

@@ -1,4 +1,4 @@
-"""GBV (ALGORITHMS.md 3.3, decoding/verifiers/gbv.py): exact losslessness on every section-7 shape,
+"""GBV (ALGORITHMS.md 3.3, verifiers/gbv.py): exact losslessness on every section-7 shape,
 K = 1 is ``bv`` exactly, the scaled lexicographic-maximum law against brute force, the sort-free
 numerics against the sorted reference, and the label against repeated verification.
 (The registry-wide suites also cover ``gbv``: test_verifiers_exact.py, test_labels.py.)"""
@@ -23,8 +23,8 @@ from decoding.exact import (
 from decoding.labels import union_labels
 from decoding.tree import DraftTree, children_lists
 from decoding.union_tree import sample_union_tree
-from decoding.verifiers.gbv import greater, lexmax_row, ratio_keys
-from decoding.verifiers.gbv_numerics import LO, NB, NodeBuffers, excess, lexmax_at
+from verifiers.gbv import greater, lexmax_row, ratio_keys
+from verifiers.gbv_numerics import LO, NB, NodeBuffers, excess, lexmax_at
 
 TOL = 1e-12
 

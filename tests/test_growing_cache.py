@@ -1,4 +1,4 @@
-"""decoding/engine/cache.py `GrowingLayer`: the engine's KV cache layer appends into a buffer with room to grow and
+"""engine/cache.py `GrowingLayer`: the engine's KV cache layer appends into a buffer with room to grow and
 still reads, crops, prunes and forks like transformers' `DynamicLayer` (a reference cache fed the same tensors)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from decoding.engine.cache import GrowingLayer, growing_cache
+from engine.cache import GrowingLayer, growing_cache
 
 
 def chunks(seed=0, sizes=(5, 1, 3, 70)):

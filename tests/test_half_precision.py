@@ -22,10 +22,15 @@ import torch
 from engine_helpers import VOCAB, generate, untied_pair
 
 from decoding.actions import Action, ActionSpace
-from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
-from decoding.engine.cache import KVState
-from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import (
+from decoding.labels import reference_union_labels, union_labels
+from decoding.method_names import METHOD_NAMES
+from decoding.sampling import Sampling
+from decoding.tree import build_tree, tree_layout
+from decoding.union_tree import sample_union_tree
+from engine.cache import KVState
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
+from engine.torch_sampling import prob_rows
+from engine.tree_pass import (
     attention_mask,
     causal_allowed,
     forward_nodes,
@@ -33,11 +38,6 @@ from decoding.engine.tree_pass import (
     target_tree_pass,
     tree_allowed,
 )
-from decoding.labels import reference_union_labels, union_labels
-from decoding.method_names import METHOD_NAMES
-from decoding.sampling import Sampling
-from decoding.tree import build_tree, tree_layout
-from decoding.union_tree import sample_union_tree
 
 DTYPES = [torch.bfloat16, torch.float16]
 PROB_TOL = {torch.bfloat16: 5e-4, torch.float16: 1.5e-4}  # tree-pass rows vs causal forward, max abs prob diff

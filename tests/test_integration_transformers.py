@@ -24,7 +24,7 @@ from integrations.transformers import (
     branchpoint_generate,
     load_chain_selector,
 )
-from models.selector_network import NetShape, OutputLayout, SelectorNet
+from selector.network import NetShape, OutputLayout, SelectorNet
 
 CHAINS = tuple(Action(1, n, 0) for n in range(5))
 PROMPT = [[1, 7, 9, 11, 7, 9, 13, 21, 30, 7, 9]]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-import decoding.verifiers.khisti as khisti_module
+import verifiers.khisti as khisti_module
 from decoding.actions import Action
 from decoding.exact import (
     SECTION7_SHAPES,
@@ -21,10 +21,10 @@ from decoding.exact import (
     target_law,
     tree_p_rows,
 )
-from decoding.verifiers import get_method
-from decoding.verifiers.khisti import KhistiSolver, next_stage, pair_selection, tournament
-from decoding.verifiers.khisti_numerics import StageBuffers, hinted_sort
-from decoding.verifiers.ot import NaiveTreeSolver, OTMethod, first_occurrence
+from verifiers import get_method
+from verifiers.khisti import KhistiSolver, next_stage, pair_selection, tournament
+from verifiers.khisti_numerics import StageBuffers, hinted_sort
+from verifiers.ot import NaiveTreeSolver, OTMethod, first_occurrence
 
 SHAPES = SECTION7_SHAPES  # every delayed tree with L1 + L2 <= 3, K <= 3
 

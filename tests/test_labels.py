@@ -10,7 +10,7 @@ from decoding import METHODS, Action, ActionSpace, expected_block_efficiency, sa
 from decoding.exact import TablePair, enumerate_trees, tree_p_rows
 from decoding.labels import action_labels, estimate_block_efficiency, reference_union_labels, union_labels
 from decoding.union_tree import sample_union_tree
-from decoding.verifiers.ot import OTMethod
+from verifiers.ot import OTMethod
 
 OT_METHODS = sorted(n for n, m in METHODS.items() if isinstance(m, OTMethod) and not m.chains_only)
 EXACT_METHODS = sorted(n for n, m in METHODS.items() if m.exact_block_efficiency)

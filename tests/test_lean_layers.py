@@ -11,8 +11,8 @@ import torch
 from tiny_models import TINY_VOCAB, tiny_lm
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from decoding.engine.cache import KVState
-from decoding.engine.tree_pass import forward_nodes, prefill
+from engine.cache import KVState
+from engine.tree_pass import forward_nodes, prefill
 from models.fast_path import can_pack, prepare_for_inference
 from models.lean_layers import LeanLayers, supports, use_lean_forward
 from models.self_draft import SelfDraft, SelfDraftConfig

@@ -9,13 +9,13 @@ import torch
 from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import AUTOREGRESSIVE, Action
-from decoding.engine import SpeculativeDecoder
 from decoding.exact import TablePair, chained_law, law_distance, target_law, tree_p_rows, with_cache
 from decoding.policy import Choice, Policy, StaticPolicy, StepResult, StepTiming
 from decoding.sampling import Sampling
 from decoding.tree import proposal_tree
-from decoding.verifiers import METHODS, get_method
+from engine.decoder import SpeculativeDecoder
 from policies.lookup import LookupFirst, Proposal, propose
+from verifiers import METHODS, get_method
 
 # ---------------------------------------------------------------- the proposal rule
 
@@ -113,16 +113,19 @@ class _Spy(Policy):
 
 
 class _Features:
-    def __init__(self, context):
+    def __init__(self, context, vocab_size=8):
         self.context = context
+        self.p_prev = np.full(vocab_size, 1.0 / vocab_size)  # the target's row: the proposal's rows are as wide
 
 
 def test_lookup_first_proposes_or_asks_its_fallback():
     spy = _Spy(Action(2, 0, 1))
     policy = LookupFirst(spy, length=2, max_ngram=2, method="naive")
     choice = policy.select(_Features([4, 5, 6, 4, 5]))
-    assert choice == Choice(Action(1, 2, 0), "naive", (6, 4))
-    policy.observe(StepResult(choice.action, "naive", [6], None, 4, StepTiming(0.1, 0.0, 0.1), lookup=True))
+    assert (choice.action, choice.method, choice.stop_after) == (Action(1, 2, 0), "naive", None)
+    assert choice.proposal.tokens.tolist() == [-1, 6, 4] and choice.proposal.q_rows.shape == (3, 8)
+    assert choice.proposal.q_rows[0, 6] == choice.proposal.q_rows[1, 4] == 1.0  # one-hot rows: q(x_i) = 1
+    policy.observe(StepResult(choice.action, "naive", [6], None, 4, StepTiming(0.1, 0.0, 0.1), proposed=True))
     assert spy.asked == 0 and spy.observed == 0  # a lookup step is not the fallback's
     assert policy.select(_Features([4, 5, 6])) == Choice(Action(2, 0, 1), "traversal")
     policy.observe(StepResult(Action(2, 0, 1), "traversal", [1], None, 2, StepTiming(0.2, 0.1, 0.1)))
@@ -160,8 +163,8 @@ def test_sampled_lookup_steps_keep_both_caches_whole():
     decoder = SpeculativeDecoder(target, draft, VOCAB)
     prompt = _repetitive_prompt()
     state = decoder.start(prompt, Sampling(1.0))
-    from decoding.engine.decoder import DecodeRun
-    from decoding.engine.stats import DecodeStats, Timer
+    from engine.decoder import DecodeRun
+    from engine.stats import DecodeStats, Timer
 
     policy = LookupFirst(StaticPolicy(Action(1, 1, 0)), length=3, max_ngram=1)
     run = DecodeRun(policy, get_method("traversal"), Sampling(1.0), np.random.default_rng(0), DecodeStats("traversal"),
@@ -169,8 +172,8 @@ def test_sampled_lookup_steps_keep_both_caches_whole():
     kinds = set()
     for _ in range(25):
         res = decoder.step(state, run)
-        kinds.add(res.lookup)
-        assert not res.lookup or res.action.tree_size > 0
+        kinds.add(res.proposed)
+        assert not res.proposed or res.action.tree_size > 0
         assert len(state.kv_t) == len(state.prompt) + len(state.out) - 1
     assert kinds == {True, False}  # both kinds of step happened
     q_root, _ = decoder.draft_root(state, Sampling(1.0), False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from data_collection.offline_table import OfflineTable
 from decoding.actions import Action, ActionSpace
 from evaluation.online import CHAIN_STATIC, best_statics, chosen, depth_acceptance, offline_tps
 
@@ -19,16 +20,21 @@ def _labels():
     return {"specinfer": E, "traversal": E + 0.01}, {m: T for m in ("specinfer", "traversal", "naive")}
 
 
+def table(labels, T):
+    n = next(iter(T.values())).shape[0]
+    return OfflineTable(SPACE, labels, T, {"split": np.array(["test"] * n)})
+
+
 def test_best_statics_speculate_and_the_chain_stays_a_chain():
     labels, T = _labels()
-    st = best_statics(labels, T, SPACE, ["traversal", "specinfer"])
+    st = best_statics(table(labels, T), ["traversal", "specinfer"])
     # E/T: every tree loses to autoregressive (at best 2.4 / 2.5 < 1), yet a static policy must speculate
     assert all(SPACE[a].tree_size > 0 for _, a in st.values())
     assert st["static:specinfer"] == ("specinfer", SPACE.index(Action(2, 1, 1)))  # its +0.8 wins among trees
     method, a = st[CHAIN_STATIC]
     assert method == "naive" and SPACE[a].is_chain and SPACE[a].tree_size > 0
-    assert CHAIN_STATIC not in best_statics(labels, T, SPACE, ["traversal"], chain=False)
-    assert CHAIN_STATIC not in best_statics({"traversal": labels["traversal"]}, T, SPACE, ["traversal"])  # no OT labels
+    assert CHAIN_STATIC not in best_statics(table(labels, T), ["traversal"], chain=False)
+    assert CHAIN_STATIC not in best_statics(table({"traversal": labels["traversal"]}, T), ["traversal"])  # no OT labels
 
 
 def test_a_method_that_verifies_slowly_is_priced_so():
@@ -38,26 +44,26 @@ def test_a_method_that_verifies_slowly_is_priced_so():
     tree = SPACE.index(Action(2, 1, 1))
     slow = np.array([1.0 if a.K > 1 and a.tree_size else 0.0 for a in SPACE])  # +1 s per branching tree
     priced_T = {**T, "specinfer": T["specinfer"] + slow[None, :]}
-    plain = best_statics(labels, T, SPACE, ["specinfer", "traversal"])
-    priced = best_statics(labels, priced_T, SPACE, ["specinfer", "traversal"])
+    plain = best_statics(table(labels, T), ["specinfer", "traversal"])
+    priced = best_statics(table(labels, priced_T), ["specinfer", "traversal"])
     assert plain["static:specinfer"][1] == tree and SPACE[priced["static:specinfer"][1]].K == 1
     assert priced["static:traversal"] == plain["static:traversal"]  # its own prices: as before
     fixed = {"static:specinfer": ("specinfer", tree)}
-    a, b = (offline_tps(labels, t, fixed, SPACE)["static:specinfer"]["tps"] for t in (T, priced_T))
+    a, b = (offline_tps(table(labels, t), fixed)["static:specinfer"]["tps"] for t in (T, priced_T))
     assert a == pytest.approx(labels["specinfer"][0, tree] / T["specinfer"][0, tree])
     assert b == pytest.approx(labels["specinfer"][0, tree] / (T["specinfer"][0, tree] + 1.0))
 
 
 def test_offline_tps_is_labels_over_seconds_and_relative_to_autoregressive():
     labels, T = _labels()
-    st = best_statics(labels, T, SPACE, ["specinfer"])
-    off = offline_tps(labels, T, st, SPACE)
+    st = best_statics(table(labels, T), ["specinfer"])
+    off = offline_tps(table(labels, T), st)
     assert off["autoregressive"]["tps"] == pytest.approx(1.0)  # E = 1 per step of 1 s
     a = SPACE.index(Action(2, 1, 1))
     assert off["static:specinfer"]["tps"] == pytest.approx(labels["specinfer"][0, a] / T["specinfer"][0, a])
     assert off["static:specinfer"]["vs_autoregressive"] == pytest.approx(off["static:specinfer"]["tps"])
     assert off["static:specinfer"]["action"] == "2,1,1"
-    assert offline_tps(labels, {m: t[:0] for m, t in T.items()}, st, SPACE) == {}
+    assert offline_tps(table(labels, T).rows(np.zeros(4, bool)), st) == {}
 
 
 def test_depth_acceptance_and_chosen_pool_the_runs_of_a_policy():
@@ -96,3 +102,28 @@ def test_the_best_static_is_autoregressive_where_no_speculating_static_beats_it(
     fit["static:traversal"]["tps"] = 10.4
     assert best_static_name(fit) == "static:traversal"
     assert best_static_name({}) is None
+
+
+def test_deciding_counts_the_choose_time_of_decided_steps_only():
+    """The pricing audit's deciding line compares the decoder's choose time with its price over the steps the
+    selector decided: a lookup step's choose time (the proposal's tree) and a static step are not deciding."""
+    from types import SimpleNamespace
+
+    from selector_helpers import toy_latency
+
+    from decoding import pricing
+    from decoding.policy import StepResult, StepTiming
+    from evaluation.online import deciding
+
+    def step(action, choose, selected=True, proposed=False):
+        return StepResult(action, "traversal", [0], None, 64, StepTiming(0.05, 0.01, 0.03, 0.0, choose), proposed,
+                          selected)
+
+    latency, policy = toy_latency(), SimpleNamespace(features="target_only", inference_seconds=1e-4)
+    steps = [step(Action(2, 1, 1), 0.002), step(Action(1, 3, 0), 0.007, proposed=True),
+             step(Action(1, 0, 0), 0.003), step(Action(1, 1, 0), 0.0, selected=False)]
+    n, measured, modelled = deciding(steps, policy, latency)
+    assert n == 2 and measured == pytest.approx(0.005)
+    assert modelled == pytest.approx(sum(float(pricing.decide_seconds(latency, [64], [a], "target_only", 1e-4)[0, 0])
+                                         for a in (Action(2, 1, 1), Action(1, 0, 0))))
+    assert deciding(steps, SimpleNamespace(features=None, inference_seconds=0.0), latency) is None

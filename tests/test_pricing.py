@@ -113,8 +113,8 @@ def test_a_decoded_step_is_priced_by_its_class():
         "traversal": {"1,3,0": 1e-4}, "naive": {"1,3,0": 2e-4}}, feature_seconds={"target_only": 3e-4})
     timing = StepTiming(0.05, 0.01, 0.03)
 
-    def step(action, method=None, lookup=False, selected=False):
-        return StepResult(action, method, [0], None, 100, timing, lookup, selected)
+    def step(action, method=None, proposed=False, selected=False):
+        return StepResult(action, method, [0], None, 100, timing, proposed, selected)
 
     chain = Action(1, 3, 0)
     assert pricing.step_class(chain, "naive", False) == "naive:1,3,0"
@@ -124,7 +124,7 @@ def test_a_decoded_step_is_priced_by_its_class():
     assert pricing.price_step(m, step(Action(1, 0, 0))) == pytest.approx(plain)
     assert pricing.price_step(m, step(Action(1, 0, 0), selected=True), "target_only", 1e-4) == pytest.approx(
         plain + 3e-4 + 1e-4)
-    assert pricing.price_step(m, step(chain, "naive", lookup=True, selected=True), "target_only") == pytest.approx(
+    assert pricing.price_step(m, step(chain, "naive", proposed=True, selected=True), "target_only") == pytest.approx(
         tp(100, 4) + 0.2 * plain)  # a lookup chain of 3: a pass of 4 tokens plus the fitted step; no deciding
     drafted = pricing.step_seconds(m, [100], [chain], ["naive"])[0, 0]
     assert pricing.price_step(m, step(chain, "naive")) == pytest.approx(drafted)

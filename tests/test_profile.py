@@ -12,12 +12,12 @@ from tiny_models import tiny_lm
 from data_collection.forward_tables import Grid, TimedPair, profile_pair, step_times, tile_ids, time_grid
 from decoding import pricing
 from decoding.actions import Action, ActionSpace
-from decoding.engine.cache import KVState
-from decoding.engine.drafting import DraftRoot, DraftRule, draft_tree
-from decoding.engine.tree_pass import prefill
 from decoding.latency import LatencyModel, StepRatios
 from decoding.pricing import draft_forwards
 from decoding.sampling import Sampling
+from engine.cache import KVState
+from engine.drafting import DraftRoot, DraftRule, draft_tree
+from engine.tree_pass import prefill
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ from engine_helpers import noisy_draft
 from lossless_harness import PrefixOracle, chi_square_test, expected_law, simulate
 
 from decoding.actions import Action
-from decoding.engine import AUTOREGRESSIVE, SpeculativeDecoder
-from decoding.engine.cache import KVState
-from decoding.engine.tree_pass import forward_nodes, prefill
 from decoding.sampling import Sampling
+from engine.cache import KVState
+from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
+from engine.tree_pass import forward_nodes, prefill
 from models.int4 import BF16Linear, Int4Linear
 from models.loading import ModelLoadError, Placement, embedded_gguf_path, load_model
 from models.quantized import QuantizedBackendError, backend_of, use_gguf_blocks

@@ -14,10 +14,10 @@ from selector_helpers import METHODS, SPACE, build_collected, toy_latency
 from decoding.actions import Action, ActionSpace
 from decoding.features import FeatureSchema
 from decoding.pricing import decide
-from models.selector_data import Labels, SelectorData, SelectorDataModule, build_selector_data
-from models.selector_eval import selector_report
-from models.selector_network import NetShape, OutputLayout, SelectorNet, load_selector, save_selector
-from models.selector_training import SelectorModule, fit_selector, predict
+from selector.data import Labels, SelectorData, SelectorDataModule, build_selector_data
+from selector.network import NetShape, OutputLayout, SelectorNet, load_selector, save_selector
+from selector.report import selector_report
+from selector.training import SelectorModule, fit_selector, predict
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_objectives_reduce_their_loss_on_a_learnable_signal(objective, one_threa
 
     torch.manual_seed(0)
     net.set_standardization({k: (torch.as_tensor(m), torch.as_tensor(s)) for k, (m, s) in dm.standardization().items()})
-    from models.selector_training import init_output_bias
+    from selector.training import init_output_bias
 
     init_output_bias(net, fit.labels, fit.valid_outputs())
     before = loss_now()
@@ -217,7 +217,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     assert got["dataset"] == {"config_hash": "abc"} and got["architecture"]["widths"] == [16, 8]
     assert OutputLayout.from_dict(got["outputs"]) == layout
     assert FeatureSchema.from_dict(got["schema"]) == schema
-    from models.selector_network import SelectorLoadError
+    from selector.network import SelectorLoadError
 
     with pytest.raises(SelectorLoadError, match="not found"):
         load_selector(tmp_path / "missing")
@@ -289,7 +289,7 @@ def test_branchpoint_train_smoke(collected, tmp_path, monkeypatch):
 
 
 def test_losses_against_hand_values():
-    from models.selector_training import policy_tps, regression_loss, throughput_loss
+    from selector.training import policy_tps, regression_loss, throughput_loss
 
     pred = torch.tensor([[1.0, 2.0, 3.0]])
     E = torch.tensor([[1.5, 2.0, float("nan")]])
@@ -377,7 +377,7 @@ def test_learning_curve_study_trains_on_growing_prompt_subsets(collected, tmp_pa
 
 
 def test_baseline_predictions_take_the_known_values():
-    from models.selector_baselines import with_known_values
+    from selector.baselines import with_known_values
 
     layout = OutputLayout(("traversal",), tuple(SPACE))
     pred = np.random.default_rng(0).normal(size=(5, layout.size))

@@ -46,40 +46,37 @@ def test_walk_follows_lazy_and_relative_imports_and_package_data(tmp_path):
         "decoding/sub/__init__.py", "decoding/sub/inner.py", "pipeline/__init__.py", "pipeline/stage.py"]
 
 
-def test_rewrite_replaces_only_code_deps_and_keeps_the_rest():
-    text = textwrap.dedent("""\
-        stages:
-          a:
-            # comment kept
-            cmd: branchpoint collect
-            deps:
-              - decoding
-              - data/x
-            params:
-              - collect.seed
-        """)
-    out = stage_deps.rewrite(text, {"a": ["decoding/actions.py", "data/x"]})
-    assert yaml.safe_load(out)["stages"]["a"]["deps"] == ["decoding/actions.py", "data/x"]
-    assert "# comment kept" in out and yaml.safe_load(out)["stages"]["a"]["params"] == ["collect.seed"]
-
-
-def test_check_reports_a_missing_and_an_extra_dep(tmp_path):
+def test_check_names_an_uncovered_import_and_an_unread_package(tmp_path):
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     deps = dvc["stages"]["trajectories"]["deps"]
-    dropped = next(d for d in deps if d.startswith("decoding/"))
-    deps.remove(dropped)
-    deps.append("evaluation/report.py")
+    deps.remove("engine")
+    deps.append("evaluation")
     diff = stage_deps.differences(dvc)
-    assert f"trajectories: missing {dropped}" in diff
-    assert "trajectories: not imported evaluation/report.py" in diff
+    assert "trajectories: imports engine/torch_sampling.py, which no dep covers" in diff
+    assert "trajectories: lists evaluation, which it never imports" in diff
     path = tmp_path / "dvc.yaml"
     path.write_text(yaml.safe_dump(dvc))
     run = subprocess.run([sys.executable, "-m", "pipeline.stage_deps", "--check", "--dvc-yaml", str(path)],
                          cwd=ROOT, capture_output=True, text=True)
-    assert run.returncode == 1 and "--write" in run.stderr
+    assert run.returncode == 1 and "no dep covers" in run.stdout
 
 
-def test_a_verifier_edit_reruns_only_the_stages_that_verify():
+def test_a_folder_dep_covers_the_files_below_it_only():
+    assert stage_deps.covers("engine", "engine/decoder.py")
+    assert stage_deps.covers("pipeline/collect.py", "pipeline/collect.py")
+    assert not stage_deps.covers("engine", "engine_extra/x.py")
+    assert not stage_deps.covers("pipeline/collect.py", "pipeline/collect_more.py")
+
+
+def test_the_package_cuts_keep_edits_narrow():
+    """The reruns an edit causes (python -m pipeline.stage_deps --table): a verifier edit reruns only the stages
+    that verify, a lookup or selector edit never reruns the model stages, an evaluation edit only evaluate."""
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    verifier = [s for s, v in dvc["stages"].items() if "decoding/verifiers/gbv.py" in v["deps"]]
-    assert verifier and "trajectories" not in verifier, verifier
+
+    def stages_of(area):
+        return {s for s, v in dvc["stages"].items() if any(stage_deps.covers(d, area) for d in v["deps"])}
+
+    assert stages_of("verifiers/gbv.py") == {"profile", "collect", "evaluate"}
+    assert stages_of("policies/lookup.py") == {"evaluate"}
+    assert stages_of("evaluation/report.py") == {"evaluate"}
+    assert not stages_of("selector/training.py") & {"trajectories", "profile", "train_draft", "collect"}

@@ -11,11 +11,6 @@ import torch
 from engine_helpers import VOCAB, untied_pair
 
 from decoding.actions import Action
-from decoding.engine import SpeculativeDecoder
-from decoding.engine.cache import KVState
-from decoding.engine.drafting import DraftRoot, DraftRule, draft_stop_chain, draft_tree
-from decoding.engine.torch_sampling import prob_rows
-from decoding.engine.tree_pass import causal_allowed, forward_nodes
 from decoding.exact import (
     TablePair,
     chained_law,
@@ -25,10 +20,14 @@ from decoding.exact import (
     tree_p_rows,
     with_cache,
 )
-from decoding.policy import Choice
 from decoding.sampling import Sampling
-from decoding.verifiers import get_method
+from engine.cache import KVState
+from engine.decoder import SpeculativeDecoder
+from engine.drafting import DraftRoot, DraftRule, draft_stop_chain, draft_tree
+from engine.torch_sampling import prob_rows
+from engine.tree_pass import causal_allowed, forward_nodes
 from policies.threshold_chain import ThresholdChain, stop_length, truncate_chain
+from verifiers import get_method
 
 
 def _emitted_law(pair: TablePair, max_length: int, n_tokens: int, stop) -> dict:
@@ -82,7 +81,9 @@ def test_stop_length_and_policy():
     assert stop_length(q, 1, 0.0) == 1
     pol = ThresholdChain()
     assert (pol.max_length, pol.threshold) == (20, 0.4)
-    assert pol.select(None) == Choice(Action(1, 20, 0), stop_below=0.4)  # the engine drafts it with the stop rule
+    choice = pol.select(None)  # the engine drafts the chain with the stop rule
+    assert (choice.action, choice.proposal) == (Action(1, 20, 0), None)
+    assert choice.stop_after(np.array([0.35, 0.3, 0.35])) and not choice.stop_after(np.array([0.4, 0.6, 0.0]))
     with pytest.raises(ValueError, match="threshold"):
         ThresholdChain(4, 1.5)
 
@@ -102,7 +103,8 @@ def test_drafting_stops_where_the_rule_says_and_matches_the_fixed_chain():
     confidences = full.tree.q_rows[:6].max(axis=1)
     for threshold in (0.0, float(np.median(confidences)), 1.0):
         kv, q_root = _root_cache(draft, prompt)
-        got = draft_stop_chain(DraftRoot(kv, q_root), 6, threshold, DraftRule(Sampling(), VOCAB),
+        rule = ThresholdChain(6, threshold).stops_after
+        got = draft_stop_chain(DraftRoot(kv, q_root), 6, rule, DraftRule(Sampling(), VOCAB),
                                np.random.default_rng(5))
         n = stop_length(full.tree.q_rows, 6, threshold)
         assert got.tree.action == Action(1, n, 0)

@@ -158,3 +158,43 @@ def test_only_the_stages_own_self_draft_is_distilled(tmp_path):
     assert given_draft(cfg("self_draft:other/draft")) == "self_draft:other/draft"  # a given self-draft: measured
     for spec in ("hf:/models/small", "gguf:/m/draft.gguf", "embedded:smollm2-135m-instruct"):
         assert given_draft(cfg(spec)) == spec
+
+
+class _FlatLatency:
+    """A latency model whose tree passes cost as much as a plain step and whose step line is 1 + 0.1 per token."""
+
+    class step_ratios:  # noqa: N801 - the attribute the chain model reads
+        @staticmethod
+        def tree_vector():
+            return 1.0, 0.0, 0.0, 0.1  # tables, step, forward, node
+
+    @staticmethod
+    def t_p(context, tokens):
+        return 1.0
+
+
+def test_the_draft_benchmark_row_is_the_stages_measurement_plus_the_chain_model(tiny_run):
+    """benchmarks/bench_drafts.py's row reads the same `setting_stats` as the stage's metrics (one measurement, not a
+    twin loop): equal acceptance per setting and depth, plus the best chain of the chain model."""
+    import torch
+
+    from benchmarks.bench_drafts import _row
+    from models.loading import load_draft, load_model, load_tokenizer
+    from pipeline.config import load_config
+    from pipeline.train_draft import load_split_trajectories, measure_draft
+
+    base, target_dir, draft_dir = tiny_run
+    cfg = load_config(overrides=[f"model.target=hf:{target_dir}", f"trajectories.out={base / 'traj'}",
+                                 "train_draft.timing_reps=2", "train_draft.timing_context=16"])
+    tokenizer = load_tokenizer(cfg.model.target)
+    target = load_model(cfg.model.target, torch.device("cpu"), torch.float32)
+    draft = load_draft(f"hf:{draft_dir}", target, tokenizer, cfg.model.target, torch.float32)
+    test = load_split_trajectories(cfg, target)["test"]
+    row = _row(cfg, target, tokenizer, draft, test, _FlatLatency(), 16.0)
+    stage = measure_draft(cfg, target, tokenizer, draft, test)
+    for name in ("T1.0", "T0.6"):
+        assert row[f"acceptance_test_{name}"] == pytest.approx(stage[f"acceptance_test_{name}"], abs=1e-9)
+        assert row[f"test_positions_{name}"] == stage[f"test_positions_{name}"] == 12
+        best = row[f"best_chain_{name}"]
+        assert best["speedup"] == max(best["by_L"].values()) and best["L"] in best["by_L"]
+    assert not any(k.startswith("breakdown_") for k in row)

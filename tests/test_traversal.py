@@ -20,9 +20,9 @@ from decoding.exact import (
     tree_p_rows,
 )
 from decoding.tree import DraftTree, children_lists
-from decoding.verifiers import get_method
-from decoding.verifiers.registry import BottomUpMethod
-from decoding.verifiers.traversal import (
+from verifiers import get_method
+from verifiers.registry import BottomUpMethod
+from verifiers.traversal import (
     traversal_expected_block_efficiency,
     traversal_expected_block_efficiency_mc,
     traversal_outcome_distribution,

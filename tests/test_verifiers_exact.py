@@ -24,9 +24,9 @@ from decoding.exact import (
     tree_p_rows,
 )
 from decoding.tree import DraftTree, children_lists
-from decoding.verifiers import chain_equivalent_methods
-from decoding.verifiers.ot import OTMethod, spectr_params
-from decoding.verifiers.ratios import RatioTable
+from verifiers import chain_equivalent_methods
+from verifiers.ot import OTMethod, spectr_params
+from verifiers.ratios import RatioTable
 
 TOL = 1e-12
 SHAPES = [Action(k, l1, l2) for k in (1, 2, 3) for l1 in range(4) for l2 in range(4 - l1)]
@@ -289,7 +289,7 @@ def test_spectr_kernel_matches_the_definitions(kmax: int) -> None:
 def test_spectr_rho_when_q_is_p_up_to_rounding():
     """A draft equal to the target up to float noise (e.g. the target as its own draft) once made the
     bracketed root solver divide by zero: g was positive at both ends of its bracket by ~1e-16."""
-    from decoding.verifiers.ratios import RatioTable
+    from verifiers.ratios import RatioTable
 
     rng = np.random.default_rng(0)
     for trial in range(500):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass
 class DecodeConfig:
-    method: str = "traversal"  # verification method (decoding.verifiers.METHODS), or "autoregressive"
+    method: str = "traversal"  # verification method (verifiers.METHODS), or "autoregressive"
     action: str = "2,2,3"  # static tree shape K,L1,L2 (decoding.actions.parse_action)
     max_new_tokens: int = 64
     seed: int = 0

@@ -15,7 +15,7 @@ class TrainConfig:
     # offline on VAL and TEST roots of the CPU default and the cheapest online (no draft work); docs/selector.md
     feature_set: str = "target_only"
     objective: str = "regression"  # regression (MSE on Ê) | throughput (the paper's policy loss)
-    # network (models/selector_network.py)
+    # network (selector/network.py)
     proj: int = 128  # projection width of each hidden-state feature
     widths: list[int] = field(default_factory=lambda: [512, 32])  # MLP widths
     dropout: float = 0.1
@@ -24,7 +24,7 @@ class TrainConfig:
     batch_size: int = 256  # roots per optimizer step, over all devices (DDP: each process takes its share)
     lr: float = 1.0e-3
     weight_decay: float = 1.0e-4
-    label_weighting: str = "none"  # none | inverse_se (regression; see models/selector_training.py)
+    label_weighting: str = "none"  # none | inverse_se (regression; see selector/training.py)
     throughput_lambda: float = 1.0  # weight of the worst-alpha hinge term
     throughput_alpha: float = 0.1  # fraction of worst roots in the hinge term
     charge_inference: bool = True  # add the measured selector forward time to every step the selector decides

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..actions import Action
-from ..sampling import Sampling, draw
-from ..tree import DraftTree, build_tree, tree_layout
+from decoding.actions import Action
+from decoding.sampling import Sampling, draw
+from decoding.tree import DraftTree, build_tree, tree_layout
+
 from .cache import KVState
 from .torch_sampling import prob_rows
 from .tree_pass import forward_nodes, hidden_numpy
@@ -172,11 +173,11 @@ def draft_tree(root: DraftRoot, action: Action, rule: DraftRule, rng: np.random.
     return DraftedTree(build_tree(action, d.tokens, d.q_rows), d.node_slots, d.hidden, d.forwards)
 
 
-def draft_stop_chain(root: DraftRoot, max_length: int, stop_below: float, rule: DraftRule,
+def draft_stop_chain(root: DraftRoot, max_length: int, stop_after, rule: DraftRule,
                      rng: np.random.Generator) -> DraftedTree:
-    """Draft a chain below the root token by token: draw x_i from q_{i-1} and stop after it when ``max q_{i-1} <
-    stop_below`` or ``i = max_length`` (`policies.threshold_chain`'s rule); a token is fed to the draft only when the
-    chain continues. The tree's action is the realized chain ``(1, n, 0)``."""
+    """Draft a chain below the root token by token: draw x_i from q_{i-1} and stop after it when
+    ``stop_after(q_{i-1})`` is true or ``i = max_length`` (`decoding.policy.Choice.stop_after`); a token is fed to the
+    draft only when the chain continues. The tree's action is the realized chain ``(1, n, 0)``."""
     sampling, vocab_size, hidden = rule.sampling, rule.vocab_size, rule.hidden
     feed = _feed(root)
     tokens, rows = [-1], [np.asarray(root.q_root, dtype=np.float64)]
@@ -185,7 +186,7 @@ def draft_stop_chain(root: DraftRoot, max_length: int, stop_below: float, rule: 
     while True:
         i = len(tokens)  # the node drawn now, from rows[i - 1]
         tokens.append(int(draw(rows[i - 1][None], rng, 1)[0, 0]))
-        if i >= max_length or float(np.max(rows[i - 1])) < stop_below:
+        if i >= max_length or stop_after(rows[i - 1]):
             break
         logits, h = feed(np.array([i]), parents, np.asarray(tokens), i, hidden)
         rows.append(prob_rows(logits, sampling, vocab_size)[0])

@@ -24,8 +24,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..probability import acceptance, as_float64, categorical
-from ..tree import DraftTree
+from decoding.probability import acceptance, as_float64, categorical
+from decoding.tree import DraftTree
+
 from .base import ChainRestricted, OTSolver, StandardChainSolver
 from .ratios import RatioTable
 from .union_context import UnionContext, branching_union_labels

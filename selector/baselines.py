@@ -1,4 +1,4 @@
-"""scikit-learn baselines of the selector, judged exactly like it (`models.selector_eval.selector_report`).
+"""scikit-learn baselines of the selector, judged exactly like it (`selector.report.selector_report`).
 
 - ``best_static``: the output with the best path TPS on the train roots, at every root (a static
   policy: it pays no feature cost);
@@ -19,7 +19,7 @@ import numpy as np
 
 from decoding import throughput
 
-from .selector_data import SelectorData
+from .data import SelectorData
 
 BASELINES = ("best_static", "ridge", "hgb")
 
@@ -81,7 +81,7 @@ def baseline_reports(fit: SelectorData, evals: dict[str, SelectorData], report, 
                      seed: int = 0) -> dict[str, dict]:
     """``{baseline: {"fit_seconds", <eval name>: report}}``: each baseline fitted on ``fit`` and evaluated
     on every set of ``evals`` (e.g. val and test) by ``report(pred, data, fit, valid)``
-    (`models.selector_eval.selector_report`)."""
+    (`selector.report.selector_report`)."""
     valid = fit.valid_outputs()
     out: dict[str, dict] = {}
     for kind in kinds:

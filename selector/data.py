@@ -33,7 +33,7 @@ from decoding.errors import UserInputError
 from decoding.features import FeatureSchema, batch_inputs
 from decoding.sampling import sampling_key
 
-from .selector_network import OutputLayout
+from .network import OutputLayout
 
 AR = AR_ACTION  # autoregressive: no tree, one target step
 

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..actions import Action
-from ..probability import as_float64
-from ..tree import DraftTree
-from ..union_tree import UnionTree
+from decoding.actions import Action
+from decoding.probability import as_float64
+from decoding.tree import DraftTree
+from decoding.union_tree import UnionTree
+
 from .ratios import RatioTable
 
 if TYPE_CHECKING:

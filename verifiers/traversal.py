@@ -44,7 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..probability import categorical
+from decoding.probability import categorical
+
 from .mass_numerics import residual_mass
 
 

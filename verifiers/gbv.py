@@ -39,9 +39,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..actions import Action
-from ..probability import as_float64
-from ..tree import DraftTree
+from decoding.actions import Action
+from decoding.probability import as_float64
+from decoding.tree import DraftTree
+
 from .gbv_numerics import NodeBuffers, excess, lexmax_at, ratio
 from .traversal import (
     traversal_expected_block_efficiency,

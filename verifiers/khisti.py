@@ -44,7 +44,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ..probability import acceptance, categorical, check_distribution, residual
+from decoding.probability import acceptance, categorical, check_distribution, residual
+
 from .base import StandardChainSolver
 from .khisti_numerics import StageBuffers, full_order, hinted_sort, selection_pass, solve_pair_lp
 from .ratios import RatioTable

@@ -1,4 +1,4 @@
-"""Training the selector (`models.selector_network.SelectorNet`) with Lightning: two objectives, one decision rule.
+"""Training the selector (`selector.network.SelectorNet`) with Lightning: two objectives, one decision rule.
 
 Both objectives train the same network (one output per (method, action) of the `OutputLayout`) and are
 judged by the same decision, ``argmax_o Ê_pred(c, o) / T(c, o)`` with the shared latency model
@@ -27,7 +27,7 @@ outputs are decision scores, not calibrated Ê (their MAE is reported all the sa
 as ``softplus_20(output)`` (= the output above ~0.25, always positive, never a dead gradient).
 
 Validation (each epoch, on all VAL roots at once so every DDP rank logs the same numbers):
-`models.selector_eval.selector_report` -> ``val/tps/selector``, ``val/selector_vs_best_static``, ``val/regret``,
+`selector.report.selector_report` -> ``val/tps/selector``, ``val/selector_vs_best_static``, ``val/regret``,
 ``val/mae``, ``val/spearman``, ... and the same per sampling setting / source / method.
 """
 
@@ -41,9 +41,9 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from .selector_data import SelectorData, SelectorDataModule
-from .selector_eval import flat_metrics, selector_report
-from .selector_network import SelectorNet
+from .data import SelectorData, SelectorDataModule
+from .network import SelectorNet
+from .report import flat_metrics, selector_report
 
 OBJECTIVES = ("regression", "throughput")
 LABEL_WEIGHTINGS = ("none", "inverse_se")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .selector_data import SelectorData
-from .selector_eval import output_labels
+from .data import SelectorData
+from .report import output_labels
 
 
 def _figure():

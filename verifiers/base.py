@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..probability import acceptance
-from ..tree import DraftTree
+from decoding.probability import acceptance
+from decoding.tree import DraftTree
 
 if TYPE_CHECKING:
     from .ratios import RatioTable
@@ -68,7 +68,7 @@ class StandardChainSolver:
 
 @runtime_checkable
 class VerificationMethod(Protocol):
-    """One entry of the registry ``decoding.verifiers.METHODS``.
+    """One entry of the registry ``verifiers.METHODS``.
 
     ``p_rows`` is ``[n, V]``: p(.|root+path(node)) for every node of the tree. The two label hooks
     work on a whole union tree (union_tree.py; ``ctx``: union_context.UnionContext, shared by the

@@ -25,7 +25,7 @@ import numpy as np
 
 from decoding import pricing, throughput
 
-from .selector_data import SelectorData
+from .data import SelectorData
 
 
 def output_labels(data: SelectorData) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling import Sampling
+from decoding.sampling import Sampling
 
 
 def transform_logits(logits: torch.Tensor, sampling: Sampling, vocab_size: int | None = None) -> torch.Tensor:

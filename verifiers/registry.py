@@ -21,9 +21,10 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from ..errors import UserInputError
-from ..method_names import CHAIN_EQUIVALENT, METHOD_NAMES
-from ..tree import DraftTree
+from decoding.errors import UserInputError
+from decoding.method_names import CHAIN_EQUIVALENT, METHOD_NAMES
+from decoding.tree import DraftTree
+
 from . import traversal
 from .base import ChainRestricted, VerificationMethod
 from .gbv import GBVMethod

@@ -165,7 +165,7 @@ class KVState:
         """Run the model on ``input_ids`` ``[n]`` appended after the cached slots; returns the HF output.
 
         ``attention_mask`` is an additive float mask ``[1, 1, n, S + n]`` (or a dict of them per layer
-        type) built by `decoding.engine.tree_pass`. ``last_logits > 0``: the output's logits cover only
+        type) built by `engine.tree_pass`. ``last_logits > 0``: the output's logits cover only
         the last ``last_logits`` positions; ``logits_rows``: only those positions, in that order (in both
         cases where `keeps_logits`: the head is skipped elsewhere)."""
         pos = torch.tensor(position_ids, dtype=torch.long, device=self.device)[None]  # [1, n]

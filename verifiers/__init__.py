@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import DistFn, DraftTree, target_rows
+from decoding.tree import DistFn, DraftTree, target_rows
+
 from .base import OTSolver, VerificationMethod, VerifyResult
 from .registry import METHODS, chain_equivalent_methods, get_method
 

@@ -5,9 +5,9 @@ the same step. One *step* starts at a *root* (the last emitted token, not yet pr
 1. choose: the policy (`decoding.policy.Policy`) picks the step. A static action costs nothing; any other policy
    gets `RootFeatures` (after the draft's root step when it ``needs_draft``) and returns an action or a `Choice`;
 2. draft: the draft catches up on its pending tokens (ending with the root) -> q(.|root), then drafts the
-   action's tree (`drafting.draft_tree`), or a chain with a stop rule (``Choice.stop_below``:
-   `drafting.draft_stop_chain`); a proposed chain (``Choice.proposal``) is verified as it is, with one-hot q rows
-   (`decoding.tree.proposal_tree`) and no draft forward; an empty tree skips the draft entirely;
+   action's tree (`drafting.draft_tree`), or a chain with a stop rule (``Choice.stop_after``:
+   `drafting.draft_stop_chain`); a tree the policy built itself (``Choice.proposal``, e.g. a lookup chain with
+   one-hot q rows) is verified as it is, with no draft forward; an empty tree skips the draft entirely;
 3. target pass: one pass over root + tree on the target's KV cache (`tree_pass.target_tree_pass`);
 4. verify: the verification method accepts a path and emits one token;
 5. prune: both caches keep only the accepted path (`cache.KVState.keep`); the context is never
@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..actions import AR_ACTION, AUTOREGRESSIVE, Action
-from ..errors import UserInputError
-from ..policy import Choice, Policy, RootFeatures, StepResult, StepTiming, as_policy
-from ..pricing import step_class
-from ..sampling import Sampling, draw
-from ..tree import build_tree, proposal_tree
-from ..verifiers import get_method
-from ..verifiers.base import VerificationMethod
+from decoding.actions import AR_ACTION, AUTOREGRESSIVE, Action
+from decoding.errors import UserInputError
+from decoding.policy import Choice, Policy, RootFeatures, StepResult, StepTiming, as_policy
+from decoding.pricing import step_class
+from decoding.sampling import Sampling, draw
+from decoding.tree import build_tree
+from verifiers import get_method
+from verifiers.base import VerificationMethod
+
 from .cache import KVState
 from .drafting import DraftRoot, DraftRule, draft_stop_chain, draft_tree
 from .stats import DecodeStats, Timer
@@ -87,6 +88,19 @@ class DecodeRun:
     stats: DecodeStats
     clock: Timer
     hidden: bool
+
+
+@dataclass
+class _Chosen:
+    """Step 1's outcome: the checked `Choice`, its verifier, the features the policy saw (None for a static action),
+    ``(q_root, h_q_root)`` when the draft's root step ran for them, and that step's prompt prefill seconds."""
+
+    choice: Choice
+    verifier: VerificationMethod | None
+    features: RootFeatures | None
+    root_step: tuple = (None, None)
+    prefill: float = 0.0
+    seconds: float = 0.0  # the features and ``select`` (the draft's root step not included)
 
 
 @dataclass
@@ -207,23 +221,25 @@ class SpeculativeDecoder:
         start, context_length = clock.t, state.context_length
         parts_before = (stats.time_draft, stats.time_target)
         # 1. choose (after the draft's root step when the policy's features need it)
-        choice, verifier, features, root_step, prefill = self._choose(state, run)
+        chosen = self._choose(state, run)
+        choice, verifier, features, root_step, prefill = (chosen.choice, chosen.verifier, chosen.features,
+                                                          chosen.root_step, chosen.prefill)
         action = choice.action
-        # 2. draft (a proposed chain is verified as it is: one-hot q rows, no draft forward)
+        # 2. draft (a policy's own tree is verified as it is, with no draft forward)
         drafted = None
         if choice.proposal is not None:
             check_supported(verifier, action)
-            tree = proposal_tree(choice.proposal, self.vocab_size)
+            tree = choice.proposal
         elif action.tree_size:
             check_supported(verifier, action)
             if root_step[0] is None:  # no features this step: the row before the root is not needed
                 *root_step, prefill = self._draft_root_timed(state, run, prev=False)
             root = DraftRoot(state.kv_d, *root_step, draft=self.draft, feature=state.f_root)
             rule = DraftRule(sampling, self.vocab_size, hidden)
-            if choice.stop_below is None:
+            if choice.stop_after is None:
                 drafted = draft_tree(root, action, rule, rng)
             else:
-                drafted = draft_stop_chain(root, action.L1, choice.stop_below, rule, rng)
+                drafted = draft_stop_chain(root, action.L1, choice.stop_after, rule, rng)
             tree, action = drafted.tree, drafted.tree.action  # the realized shape
             stats.time_draft += clock.lap()
         else:
@@ -248,23 +264,23 @@ class SpeculativeDecoder:
             path = [0] + accepted
             state.f_prev = torch.stack([h_t[path[-2]] if len(path) >= 2 else state.f_prev[1], h_t[last]])
         new = [int(tree.tokens[i]) for i in accepted] + [int(emitted)]
-        lookup = choice.proposal is not None
+        proposed = choice.proposal is not None
         method = verifier.name if verifier is not None and action.tree_size else None
-        stats.record_step(int(tree.depths.max()), len(accepted), step_class(action, method, lookup), method)
+        stats.record_step(int(tree.depths.max()), len(accepted), step_class(action, method, proposed), method)
         state.out.extend(new)
         # 6. observe
         timing = StepTiming(clock.now() - start, stats.time_draft - parts_before[0], stats.time_target - parts_before[1],
-                            prefill)
-        result = StepResult(action, method, new, features, context_length, timing, lookup, features is not None)
+                            prefill, chosen.seconds)
+        result = StepResult(action, method, new, features, context_length, timing, proposed, features is not None)
         run.policy.observe(result)
         return result
 
-    def _choose(self, state: DecodeState, run: DecodeRun) -> tuple:
-        """Step 1: ``(choice, verifier, features, (q_root, h_q_root), draft prefill seconds)``. A static action costs
-        nothing; a policy gets its features after the draft's root step when it ``needs_draft``."""
+    def _choose(self, state: DecodeState, run: DecodeRun) -> _Chosen:
+        """Step 1 (`_Chosen`). A static action costs nothing; a policy gets its features after the draft's root step
+        when it ``needs_draft``."""
         policy, verifier = run.policy, run.verifier
         if policy.fixed_action is not None:
-            return Choice(policy.fixed_action), verifier, None, (None, None), 0.0
+            return _Chosen(Choice(policy.fixed_action), verifier, None)
         q_root = h_q_root = None
         prefill = 0.0
         if policy.needs_draft and state.drafts:
@@ -273,8 +289,9 @@ class SpeculativeDecoder:
         choice = _as_choice(policy, policy.select(features))
         if choice.method is not None:
             verifier = get_method(choice.method)
-        run.stats.time_selector += run.clock.lap()
-        return choice, verifier, features, (q_root, h_q_root), prefill
+        seconds = run.clock.lap()
+        run.stats.time_selector += seconds
+        return _Chosen(choice, verifier, features, (q_root, h_q_root), prefill, seconds)
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, method: str = "traversal",
@@ -282,7 +299,7 @@ class SpeculativeDecoder:
                  seed: int = 0) -> DecodeResult:
         """Decode up to ``max_new_tokens`` tokens after ``prompt`` (token ids, at least one).
 
-        ``method``: a name of ``decoding.verifiers.METHODS`` or ``"autoregressive"`` (policy ignored).
+        ``method``: a name of ``verifiers.METHODS`` or ``"autoregressive"`` (policy ignored).
         The result lists every step (`decoding.policy.StepResult`) without its features."""
         if max_new_tokens < 1:
             raise UserInputError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -318,23 +335,24 @@ class SpeculativeDecoder:
 
 
 def _as_choice(policy: Policy, choice) -> Choice:
-    """A policy's answer (an `Action` or a `Choice`) as a `Choice`, checked: a proposal is the chain of its length
-    and excludes a stop rule; a stop rule drafts a chain."""
+    """A policy's answer (an `Action` or a `Choice`) as a `Choice`, checked: a proposal is a tree of the Choice's
+    action and excludes a stop rule; a stop rule drafts a chain ``1,L1,0``."""
     if isinstance(choice, Action):
         return Choice(choice)
     name = type(policy).__name__
     if not isinstance(choice, Choice):
         raise TypeError(f"policy {name}.select returned {choice!r}, not an Action or a Choice")
     if choice.proposal is not None:
-        if choice.stop_below is not None:
-            raise ValueError(f"policy {name}: a Choice proposes a chain or drafts one with a stop rule, not both")
-        if choice.action != Action(1, len(choice.proposal), 0):
-            raise ValueError(f"policy {name}: a proposal of {len(choice.proposal)} tokens is the chain "
-                             f"1,{len(choice.proposal)},0, not {choice.action}")
-    if choice.stop_below is not None and (choice.action.K, choice.action.L2) != (1, 0):
+        if choice.stop_after is not None:
+            raise ValueError(f"policy {name}: a Choice proposes a tree or drafts a chain with a stop rule, not both")
+        if choice.proposal.action != choice.action:
+            raise ValueError(f"policy {name}: a proposal of shape {choice.proposal.action} is not the Choice's "
+                             f"action {choice.action}")
+    if choice.stop_after is not None and (choice.action.K, choice.action.L2) != (1, 0):
         # the stop rule drafts up to L1 tokens; an is_chain action such as 1,2,1 (3 tokens) would lose its L2
-        raise ValueError(f"policy {name}: stop_below drafts the chain 1,L1,0 (up to L1 tokens), not {choice.action}")
+        raise ValueError(f"policy {name}: stop_after drafts the chain 1,L1,0 (up to L1 tokens), not {choice.action}")
     return choice
+
 
 
 def _prune(state: DecodeState, ctx_t: int, step: _Verified, hidden: bool) -> int:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..tree import DraftTree
+from decoding.tree import DraftTree
+
 from .cache import KVState
 
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
