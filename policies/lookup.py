@@ -15,7 +15,8 @@ tests/test_lookup.py (every outcome enumerated on `decoding.exact`'s tables, eve
 `LookupFirst` is the policy: where a proposal of at least ``min_ngram`` matched tokens exists it verifies that
 chain (no draft forward at all: the draft catches up on the accepted tokens at its next step); elsewhere it
 asks its ``fallback`` (the trained selector, or the plain step for prompt lookup decoding alone). Its choice
-is a `decoding.policy.Choice` whose ``proposal`` holds the chain's tokens; the decoder builds the tree from it.
+is a `decoding.policy.Choice` whose ``proposal`` is that chain's tree, one-hot rows as wide as the target's; the
+decoder verifies it as it is.
 """
 
 from __future__ import annotations

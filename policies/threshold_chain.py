@@ -12,9 +12,9 @@ target's law whatever the chain (every chain length is lossless), so mixing over
 proof is tests/test_threshold_chain.py (every draft outcome enumerated on `decoding.exact.TablePair`),
 with a negative control: a stop rule that peeks at the target is caught.
 
-`ThresholdChain` asks for such a chain with a `decoding.policy.Choice` whose ``stop_after`` is the threshold rule (`ThresholdChain.stops_after`); the
-engine drafts it (`engine.drafting.draft_stop_chain`: each token fed only when the chain continues, no
-draft work past the stop) and records the realized chain as the step's action.
+`ThresholdChain` asks for such a chain with a `decoding.policy.Choice` whose ``stop_after`` is its stop rule
+(`ThresholdChain.stops_after`); the engine drafts it (`engine.drafting.draft_stop_chain`: each token fed only when
+the chain continues, no draft work past the stop) and records the realized chain as the step's action.
 """
 
 from __future__ import annotations
