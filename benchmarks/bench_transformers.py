@@ -134,7 +134,7 @@ def decode(pair, policies: Policies, name: str, prompt_ids, temperature: float, 
     row = {"tokens": int(out.shape[1] - ids.shape[1]), "seconds": seconds}
     if name in policies.decodings:
         gen = policies.decodings[name].last_generator
-        row["steps"] = dict(gen.steps)
+        row["steps"] = dict(gen.steps)  # per step class (`decoding.pricing.step_class`)
         row["drafted"] = gen.drafted
     return row
 
@@ -200,10 +200,17 @@ def summarize(rows: list[dict], args) -> dict:
 
 
 def step_mix(rows: list[dict]) -> dict:
-    """The branchpoint policies' steps: shares of plain / drafted / lookup steps and the mean draft length."""
+    """The branchpoint policies' steps: shares of plain / drafted / lookup steps (`decoding.pricing.step_kind` of
+    their step classes) and the mean draft length."""
+    from decoding.pricing import STEP_KINDS, step_kind
+
     out = {}
     for name in OURS:
-        steps = {k: sum(r["steps"][k] for r in rows if r["policy"] == name) for k in ("plain", "draft", "lookup")}
+        steps = dict.fromkeys(STEP_KINDS, 0)
+        for r in rows:
+            if r["policy"] == name:
+                for klass, n in r["steps"].items():
+                    steps[step_kind(klass)] += n
         total = max(sum(steps.values()), 1)
         drafted = sum(r["drafted"] for r in rows if r["policy"] == name)
         out[name] = {**{f"{k}_share": v / total for k, v in steps.items()}, "steps": total,

@@ -208,6 +208,17 @@ def step_class(action: Action, method: str | None, proposed: bool) -> str:
     return f"{method}:{action}"
 
 
+STEP_KINDS = (PLAIN, LOOKUP, "draft")  # the coarse grouping of step classes (`step_kind`)
+
+
+def step_kind(klass: str) -> str:
+    """The coarse kind of a step class (`step_class`): ``plain``, ``lookup`` (a chain proposed without the draft) or
+    ``draft`` (a drafted tree)."""
+    if klass == PLAIN:
+        return PLAIN
+    return LOOKUP if klass.startswith(f"{LOOKUP}:") else "draft"
+
+
 def price_step(latency, step, features: str | None = None, inference_seconds: float = 0.0) -> float:
     """Seconds the model prices one decoded step (`decoding.policy.StepResult`) at; ``features``: the feature set of
     the selector that decides the policy's drafted and plain steps (None: a policy that computes no features), charged

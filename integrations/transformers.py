@@ -37,6 +37,7 @@ install that the generator is really called (greedy identity with ``generate()``
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +45,15 @@ import torch
 from transformers import DynamicCache, GenerationMixin
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from decoding.actions import Action
 from decoding.errors import UserInputError
 from decoding.features import RootFeatures
+from decoding.pricing import STEP_KINDS, step_class, step_kind
 from decoding.sampling import Sampling
 from export.runtime import SelectorRuntime, read_sidecar
 from models.hf_compat import cache_kwargs
 from policies.lookup import MAX_NGRAM, propose
-from policies.registry import build_policy
+from policies.registry import CHAIN_METHOD, build_policy
 
 CHAIN_KIND = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
 HOOKS = ("_assisted_decoding", "_get_candidate_generator")  # the private names of transformers used here
@@ -169,8 +172,15 @@ class SelectorCandidateGenerator(CandidateGenerator):
         self.lookup = lookup
         self.p_prev: np.ndarray | None = None  # [V] target distribution the root was drawn from
         self.last_length = 0  # candidates of the previous step
-        self.steps = {"plain": 0, "draft": 0, "lookup": 0}
+        self.steps: Counter[str] = Counter()  # step class (`decoding.pricing.step_class`) -> steps
         self.drafted = 0
+
+    def steps_by_kind(self) -> dict[str, int]:
+        """The steps so far per `decoding.pricing.step_kind`: plain, lookup and drafted."""
+        out = dict.fromkeys(STEP_KINDS, 0)
+        for klass, n in self.steps.items():
+            out[step_kind(klass)] += n
+        return out
 
     @property
     def num_drafting_tokens(self) -> int:
@@ -186,13 +196,13 @@ class SelectorCandidateGenerator(CandidateGenerator):
             proposal = propose(input_ids[0].tolist(), min(self.lookup, budget), MAX_NGRAM)
         if proposal is not None and proposal.tokens:
             self.last_length = len(proposal.tokens)
-            self.steps["lookup"] += 1
+            self.steps[step_class(Action(1, len(proposal.tokens), 0), CHAIN_METHOD, True)] += 1
             tokens = torch.tensor([proposal.tokens], dtype=input_ids.dtype, device=input_ids.device)
             return torch.cat([input_ids, tokens], dim=1), None  # one-hot q: transformers matches sampled tokens
         if budget > 0 and model_outputs is not None:
             n = min(self.draft_length(input_ids, model_outputs, int(n_last_matches)), budget)
         self.last_length = n
-        self.steps["draft" if n else "plain"] += 1
+        self.steps[step_class(Action(1, n, 0), CHAIN_METHOD, False)] += 1
         if n == 0:
             return input_ids, None
         self.drafted += n

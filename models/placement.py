@@ -1,6 +1,6 @@
 """Where and in what precision a model is placed: the names a config may use, checked without torch.
 
-`pipeline/sections/model.py` validates ``model.dtype`` and ``model.device_map`` with these (config validation
+`pipeline.sections.ModelConfig` validates ``model.dtype`` and ``model.device_map`` with these (config validation
 imports neither torch nor numba); `models/loading.py` turns the same names into torch dtypes and accelerate
 placements.
 """

@@ -1,7 +1,7 @@
 """The typed configuration: ``params.yaml`` sections parsed into dataclasses.
 
 This module is the only place that reads ``params.yaml``. Each top-level section maps to one dataclass of
-`pipeline/sections/` (one module per section). A command loads only the sections its stage module names in
+`pipeline/sections.py` (all of them in one module). A command loads only the sections its stage module names in
 ``SECTIONS`` (`load_config(..., sections=...)`): only they are typed and validated, so a setting of another stage
 never fails this one. Unknown or mistyped keys of a loaded
 section fail with a `ConfigError` that names the key and the file; an unknown section name always fails.

@@ -1,6 +1,6 @@
 """params.yaml, generated from the config dataclasses (the one place defaults live).
 
-    python -m pipeline.params_file --write   # regenerate params.yaml from pipeline/sections/
+    python -m pipeline.params_file --write   # regenerate params.yaml from pipeline/sections.py
     python -m pipeline.params_file --check   # exit 1 when the committed params.yaml differs
 
 Each section is its dataclass's fields in order, with the default values and the comments written next to
@@ -26,7 +26,7 @@ from pipeline.sections import SECTION_CLASSES, section_class
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ("# branchpoint parameters: one section per stage, generated from the dataclasses of\n"
-          "# pipeline/sections/ (python -m pipeline.params_file --write; edit the defaults there, not here).\n"
+          "# pipeline/sections.py (python -m pipeline.params_file --write; edit the defaults there, not here).\n"
           "# Override any value on the command line: branchpoint <command> --set section.key=value\n")
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomic(args.path, text)
         return 0
     if not args.path.is_file() or args.path.read_text() != text:
-        print(f"{args.path} differs from the defaults of pipeline/sections/: run "
+        print(f"{args.path} differs from the defaults of pipeline/sections.py: run "
               "`python -m pipeline.params_file --write`", file=sys.stderr)
         return 1
     return 0

@@ -5,10 +5,10 @@
     python -m pipeline.stage_deps --table   # how many stages an edit of each package reruns
 
 dvc.yaml lists a stage's code at package level (``decoding``, ``engine``, ``verifiers``, ...) and, in `pipeline/`,
-the stage's own modules and the shared config (`pipeline/sections`). The packages are cut so that this is
+the stage's own modules and the shared config (`pipeline/sections.py`). The packages are cut so that this is
 narrow: the verifiers, the torch engine, the selector and the policies are packages of their own, so an edit of
 one reruns only the stages that import it. A stage's command is ``branchpoint <subcommand>``: it runs `pipeline/cli.py`, which loads the params
-sections the stage module names in ``SECTIONS`` (`pipeline/sections/<name>.py` each) and runs the stage
+sections the stage module names in ``SECTIONS`` (dataclasses of `pipeline/sections.py`) and runs the stage
 module of `pipeline.cli.COMMANDS`. Its code deps are the project files reachable from those modules
 by imports (an AST walk, imports inside functions included, ``if TYPE_CHECKING:`` blocks
 excluded, package ``__init__`` files included, the lazy names of a package's ``_EXPORTS`` table
@@ -151,8 +151,8 @@ def declared_sections(module: str, root: Path = ROOT) -> list[str]:
 
 
 def stage_entries(dvc: dict) -> dict[str, list[str]]:
-    """Stage -> the modules its command runs (``pipeline.cli``, the subcommand's stage module and the
-    modules of the params sections that module loads)."""
+    """Stage -> the modules its command runs (``pipeline.cli``, the subcommand's stage module and the params
+    sections' dataclasses)."""
     from pipeline.cli import COMMANDS
 
     out = {}
@@ -161,7 +161,7 @@ def stage_entries(dvc: dict) -> dict[str, list[str]]:
         if words[:1] != ["branchpoint"] or len(words) < 2 or words[1] not in COMMANDS:
             raise SystemExit(f"stage {stage}: cmd {spec['cmd']!r} is not a `branchpoint <subcommand>`")
         module = COMMANDS[words[1]][0]
-        out[stage] = [CLI_MODULE, module, *(f"pipeline.sections.{name}" for name in declared_sections(module))]
+        out[stage] = [CLI_MODULE, module, "pipeline.sections"]
     return out
 
 
@@ -195,7 +195,7 @@ def rerun_table(dvc: dict, areas: list[str]) -> dict[str, int]:
 
 
 AREAS = ["decoding", "decoding/pricing.py", "engine", "verifiers", "policies", "policies/lookup.py", "selector",
-         "models", "data_collection", "evaluation", "export", "pipeline/config.py", "pipeline/sections",
+         "models", "data_collection", "evaluation", "export", "pipeline/config.py", "pipeline/sections.py",
          "pipeline/tracking.py", "pipeline/evaluate.py"]
 
 

@@ -3,7 +3,7 @@
 `training_data` loads the collected roots, their labels and step costs (`decoding.pricing`) as
 `selector.data.SelectorData` for ``train.method`` / ``train.feature_set``; `layout_for` is the output layout
 of ``train.method``; `inference_seconds` times the selector's own forward (charged to every step it decides);
-`hparams` hands ``train.*``'s optimisation knobs to the training loop (`pipeline.sections.train` is their one home).
+`hparams` hands ``train.*``'s optimisation knobs to the training loop (`pipeline.sections.TrainConfig` is their one home).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ LABEL_WEIGHTINGS = ("none", "inverse_se")
 
 @dataclass
 class SelectorHParams:
-    """The optimisation knobs; their defaults live in the config (`pipeline.sections.train.TrainConfig`, handed over by
+    """The optimisation knobs; their defaults live in the config (`pipeline.sections.TrainConfig`, handed over by
     `pipeline.training_data.hparams`)."""
 
     objective: str  # regression | throughput (module docstring)

@@ -20,7 +20,7 @@ def _rows():
                 row = {"policy": name, "prompt_id": prompt, "temperature": t, "unit": unit, "tokens": tokens,
                        "seconds": seconds}
                 if name in OURS:
-                    row |= {"steps": {"plain": 10, "draft": 20, "lookup": 10 if name == "branchpoint_lookup" else 0},
+                    row |= {"steps": {"plain": 10, "naive:1,3,0": 20, "lookup:3": 10 if name == "branchpoint_lookup" else 0},
                             "drafted": 60}
                 rows.append(row)
             unit += 1
@@ -47,3 +47,14 @@ def test_step_mix_and_quick_mode():
     assert mix["branchpoint"]["mean_draft_length"] == pytest.approx(3.0)
     quick = parse_args(["--quick"])
     assert quick.prompts == 4 and quick.tune_prompts == 1 and quick.max_new_tokens >= 128
+
+
+def test_step_mix_groups_the_step_classes_by_kind():
+    """The rows hold `decoding.pricing.step_class` counts; the mix groups them into plain / lookup / drafted shares
+    and divides the drafted tokens by the drafted steps only."""
+    rows = [{"policy": "branchpoint", "steps": {"plain": 2, "naive:1,2,0": 3, "naive:1,4,0": 1}, "drafted": 10},
+            {"policy": "branchpoint_lookup", "steps": {"lookup:3": 4, "naive:1,1,0": 4}, "drafted": 4}]
+    mix = step_mix(rows)
+    assert mix["branchpoint"] == {"plain_share": 2 / 6, "lookup_share": 0.0, "draft_share": 4 / 6, "steps": 6,
+                                  "mean_draft_length": 10 / 4}
+    assert mix["branchpoint_lookup"]["lookup_share"] == 0.5 and mix["branchpoint_lookup"]["mean_draft_length"] == 1.0

@@ -31,7 +31,7 @@ def test_chain_labels_average_the_grids_chains_of_each_length():
 
 
 def test_the_chain_selector_section_refuses_a_method_that_is_not_naive_on_chains():
-    from pipeline.sections.chain_selector import ChainSelectorConfig
+    from pipeline.sections import ChainSelectorConfig
 
     ChainSelectorConfig(method="naive_tree").validate()
     for method in ("traversal", "gbv", "nss"):

@@ -86,8 +86,10 @@ def test_greedy_is_token_identical_to_generate(pair, chain_folder):
     ours = target.generate(ids, do_sample=False, max_new_tokens=48, min_new_tokens=48, custom_generate=decoding)
     assert ours.tolist() == plain.tolist()
     gen = decoding.last_generator
-    assert gen.steps["draft"] > 0 and gen.drafted > gen.steps["draft"]  # it drafted chains, not plain steps
-    assert len(selector.seen) == gen.steps["draft"] + gen.steps["plain"] - 1  # asked at every step but the first
+    kinds = gen.steps_by_kind()
+    assert kinds["draft"] > 0 and gen.drafted > kinds["draft"]  # it drafted chains, not plain steps
+    assert len(selector.seen) == kinds["draft"] + kinds["plain"] - 1  # asked at every step but the first
+    assert set(gen.steps) <= {"plain"} | {f"naive:1,{n},0" for n in range(1, 9)}  # `pricing.step_class` keys
     with_lookup = branchpoint_generate(target, ids, selector=chain_folder, assistant=draft, lookup=3, do_sample=False,
                                        max_new_tokens=48, min_new_tokens=48)
     assert with_lookup.tolist() == plain.tolist()
@@ -168,7 +170,7 @@ def test_first_two_tokens_at_t1_follow_plain_sampling():
                               custom_generate=decoding)  # 4: a second step with room to draft
         x1, x2 = out[0, len(prompt):len(prompt) + 2].tolist()
         counts[x1, x2] += 1
-    assert decoding.last_generator.steps["draft"] >= 1  # the second token came from a verified draft
+    assert decoding.last_generator.steps_by_kind()["draft"] >= 1  # the second token came from a verified draft
     p = _joint(target, prompt, vocab)
     q2 = np.stack([_joint(draft, prompt, vocab)[x] / _joint(draft, prompt, vocab)[x].sum() for x in range(vocab)])
     wrong = p.sum(axis=1, keepdims=True) * q2  # x1 ~ p, x2 ~ q(.|x1): the draft's token accepted unverified

@@ -22,7 +22,7 @@ def test_generated_file_reads_back_as_the_defaults():
 
 
 def test_a_changed_default_changes_the_file(monkeypatch):
-    from pipeline.sections.sampling import SamplingConfig
+    from pipeline.sections import SamplingConfig
 
     before = render_params()
     monkeypatch.setattr(SamplingConfig.__init__, "__defaults__", (0.5, 1.0))

@@ -27,10 +27,10 @@ def collected(tmp_path_factory):
 
 
 def _hp(**changes):
-    """The config's optimisation knobs (`pipeline.sections.train.TrainConfig`, their one home) with ``changes``."""
+    """The config's optimisation knobs (`pipeline.sections.TrainConfig`, their one home) with ``changes``."""
     import dataclasses
 
-    from pipeline.sections.train import TrainConfig
+    from pipeline.sections import TrainConfig
     from pipeline.training_data import hparams
 
     return hparams(dataclasses.replace(TrainConfig(), **changes))

@@ -28,7 +28,7 @@ from models.fast_path import PackedLinear
 from models.hf_compat import cache_kwargs
 from models.sampler import Row, sample_continuations
 from models.self_draft import SelfDraft, SelfDraftConfig, SelfDraftError, load_self_draft, save_self_draft
-from pipeline.sections.train_draft import TrainDraftConfig
+from pipeline.sections import TrainDraftConfig
 from pipeline.train_draft import distill_hparams
 
 
