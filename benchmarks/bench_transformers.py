@@ -202,15 +202,13 @@ def summarize(rows: list[dict], args) -> dict:
 def step_mix(rows: list[dict]) -> dict:
     """The branchpoint policies' steps: shares of plain / drafted / lookup steps (`decoding.pricing.step_kind` of
     their step classes) and the mean draft length."""
-    from decoding.pricing import STEP_KINDS, step_kind
+    from collections import Counter
+
+    from decoding.pricing import kind_counts
 
     out = {}
     for name in OURS:
-        steps = dict.fromkeys(STEP_KINDS, 0)
-        for r in rows:
-            if r["policy"] == name:
-                for klass, n in r["steps"].items():
-                    steps[step_kind(klass)] += n
+        steps = kind_counts(sum((Counter(r["steps"]) for r in rows if r["policy"] == name), Counter()))
         total = max(sum(steps.values()), 1)
         drafted = sum(r["drafted"] for r in rows if r["policy"] == name)
         out[name] = {**{f"{k}_share": v / total for k, v in steps.items()}, "steps": total,

@@ -57,10 +57,10 @@ class OfflineTable:
 
 
 def load_offline_table(collect_out: str | Path, space: ActionSpace, latency, priced: Sequence[str] = (),
-                       methods: Sequence[str] | None = None) -> OfflineTable:
+                       methods: Sequence[str] | None = None, columns: Sequence[str] = ()) -> OfflineTable:
     """The `OfflineTable` of the dataset at ``collect_out``, collected on ``space`` (a clear error otherwise): the
-    labels of ``methods`` (None: every collected method) and the step seconds of each of ``priced`` (the verification
-    methods to price; none: `decoding.pricing.VERIFY_REFERENCE`)."""
+    labels of ``methods`` (None: every collected method), the step seconds of each of ``priced`` (the verification
+    methods to price; none: `decoding.pricing.VERIFY_REFERENCE`), and ``columns`` besides `ROOT_COLUMNS`."""
     manifest = read_dataset_manifest(collect_out)
     actions = [str(a) for a in space]
     if manifest["actions"] != actions:
@@ -74,9 +74,10 @@ def load_offline_table(collect_out: str | Path, space: ActionSpace, latency, pri
         raise UserInputError(f"{collect_out} has no labels for {missing} (collected: {collected}); add them to "
                              "collect.methods and re-collect")
     ds = load_collected(collect_out)
-    keep = [c for c in (*ROOT_COLUMNS, *(label_column(m) for m in methods)) if c in ds.column_names]
+    wanted = (*ROOT_COLUMNS, *columns)
+    keep = [c for c in (*wanted, *(label_column(m) for m in methods)) if c in ds.column_names]
     data = ds.select_columns(keep).with_format("numpy")[:]
-    columns = {c: np.asarray(data[c]) for c in ROOT_COLUMNS if c in data}
+    columns = {c: np.asarray(data[c]) for c in wanted if c in data}
     labels = {m: np.asarray(data[label_column(m)], dtype=np.float64) for m in methods}
     ctx = columns["context_length"]
     seconds = {m: pricing.step_seconds(latency, ctx, space, [m]) for m in dict.fromkeys(priced)} if priced else \

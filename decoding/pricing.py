@@ -42,7 +42,7 @@ among the valid ones; ties go to the first.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -217,6 +217,14 @@ def step_kind(klass: str) -> str:
     if klass == PLAIN:
         return PLAIN
     return LOOKUP if klass.startswith(f"{LOOKUP}:") else "draft"
+
+
+def kind_counts(counts: Mapping[str, int]) -> dict[str, int]:
+    """Steps per step class -> steps per `step_kind` (every kind present, 0 when none)."""
+    out = dict.fromkeys(STEP_KINDS, 0)
+    for klass, n in counts.items():
+        out[step_kind(klass)] += n
+    return out
 
 
 def price_step(latency, step, features: str | None = None, inference_seconds: float = 0.0) -> float:

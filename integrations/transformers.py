@@ -48,7 +48,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from decoding.actions import Action
 from decoding.errors import UserInputError
 from decoding.features import RootFeatures
-from decoding.pricing import STEP_KINDS, step_class, step_kind
+from decoding.pricing import kind_counts, step_class
 from decoding.sampling import Sampling
 from export.runtime import SelectorRuntime, read_sidecar
 from models.hf_compat import cache_kwargs
@@ -177,10 +177,7 @@ class SelectorCandidateGenerator(CandidateGenerator):
 
     def steps_by_kind(self) -> dict[str, int]:
         """The steps so far per `decoding.pricing.step_kind`: plain, lookup and drafted."""
-        out = dict.fromkeys(STEP_KINDS, 0)
-        for klass, n in self.steps.items():
-            out[step_kind(klass)] += n
-        return out
+        return kind_counts(self.steps)
 
     @property
     def num_drafting_tokens(self) -> int:

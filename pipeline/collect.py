@@ -184,7 +184,7 @@ def collect_metrics(cfg) -> dict:
     """metrics/collect.json from the merged dataset and the latency profile (see README / issue notes)."""
     import numpy as np
 
-    from data_collection.dataset import load_collected, read_dataset_manifest
+    from data_collection.dataset import read_dataset_manifest
     from data_collection.dataset_schema import SECONDS_KINDS, seconds_column
     from data_collection.offline_table import load_offline_table
     from decoding import pricing, throughput
@@ -194,12 +194,13 @@ def collect_metrics(cfg) -> dict:
 
     c, space = cfg.collect, cfg.actions.space()
     manifest = read_dataset_manifest(c.out)
-    table = load_offline_table(c.out, space, LatencyModel.load(cfg.profile.out), methods=c.methods)
+    seconds_columns = {k: seconds_column(k) for k in SECONDS_KINDS}
+    table = load_offline_table(c.out, space, LatencyModel.load(cfg.profile.out), methods=c.methods,
+                               columns=list(seconds_columns.values()))
     split, temps, tops = (table.columns[k] for k in ("split", "temperature", "top_p"))
     T = table.seconds[pricing.VERIFY_REFERENCE]  # [N, A] (a static policy, Traversal's verification)
     ar = space.index(AR_ACTION) if AR_ACTION in space else None
-    ds = load_collected(c.out).select_columns([seconds_column(k) for k in SECONDS_KINDS])
-    secs = {k: float(np.mean(ds[seconds_column(k)])) for k in SECONDS_KINDS}
+    secs = {k: float(np.mean(table.columns[col].astype(np.float64))) for k, col in seconds_columns.items()}
     out: dict = {
         "roots": len(table), "roots_per_split": {s: int((split == s).sum()) for s in ("train", "val", "test")},
         "seconds_per_root": {**secs, "total": sum(secs.values())},

@@ -172,9 +172,10 @@ def offline_part(cfg):
     table = load_offline_table(cfg.collect.out, space, LatencyModel.load(cfg.profile.out),
                                priced=[*methods, oe.CHAIN_METHOD])  # each method's steps priced as its own
     fit, test = table.split_rows("train"), table.split_rows("test", all_when_missing=False)
-    statics = oe.best_statics(table.rows(fit), methods, cfg.evaluate.chain)
+    on_fit = table.rows(fit)
+    statics = oe.best_statics(on_fit, methods, cfg.evaluate.chain)
     offline = oe.offline_tps(table.rows(test), statics)
-    best = oe.best_static_name(oe.offline_tps(table.rows(fit), statics))
+    best = oe.best_static_name(oe.offline_tps(on_fit, statics))
     cols, labels = table.columns, table.labels
     tv = cols["l1_p_q_prev"] / 2 if "l1_p_q_prev" in cols else None
     found = findings(labels, space, cols["temperature"], tv)

@@ -20,6 +20,14 @@ def _figure():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (PNG, 100 dpi) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _gain_bars(plt, groups: dict, title: str, path: Path) -> Path:
     names = list(groups)
     refs = [("selector_vs_best_static", "selector / best static"), ("selector_vs_oracle", "selector / oracle"),
@@ -33,15 +41,13 @@ def _gain_bars(plt, groups: dict, title: str, path: Path) -> Path:
     ax.set_ylabel("path TPS ratio")
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def selector_plots(report: dict, pred: np.ndarray, data: SelectorData, valid: np.ndarray, folder: str | Path,
                    split: str = "test") -> list[Path]:
-    """Write the four plots for ``report`` (from `evaluate` on ``data``) into ``folder``; returns their paths."""
+    """Write the four plots for ``report`` (`selector.report.selector_report` on ``data``) into ``folder``; returns
+    their paths."""
     plt = _figure()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,10 +66,7 @@ def selector_plots(report: dict, pred: np.ndarray, data: SelectorData, valid: np
     ax.set_xlabel("measured Ê (label)")
     ax.set_ylabel("predicted Ê")
     ax.set_title(f"{split}: MAE {report['mae']:.3f}, Spearman {report['spearman']:.3f}")
-    fig.tight_layout()
-    paths.append(folder / f"{split}_pred_vs_measured.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_save(plt, fig, folder / f"{split}_pred_vs_measured.png"))
     # chosen outputs
     names = output_labels(data)
     counts = np.bincount(report["_choice"], minlength=len(names)) / max(1, len(data))
@@ -73,10 +76,7 @@ def selector_plots(report: dict, pred: np.ndarray, data: SelectorData, valid: np
     ax.set_xticks(np.arange(used.size), [names[o] for o in used], rotation=70, fontsize=7)
     ax.set_ylabel("fraction of roots")
     ax.set_title(f"{split}: chosen (method:)action, {used.size} in use; best static {report['best_static']}")
-    fig.tight_layout()
-    paths.append(folder / f"{split}_chosen_actions.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_save(plt, fig, folder / f"{split}_chosen_actions.png"))
     paths.append(_gain_bars(plt, report["by_sampling"], f"{split}: gain by sampling setting",
                             folder / f"{split}_gain_by_temperature.png"))
     paths.append(_gain_bars(plt, report["by_source"], f"{split}: gain by prompt source",

@@ -122,6 +122,9 @@ def test_a_decoded_step_is_priced_by_its_class():
     assert pricing.step_class(Action(1, 0, 0), None, False) == "plain"
     assert [pricing.step_kind(k) for k in ("plain", "lookup:3", "naive:1,3,0", "traversal:2,1,1")] == [
         "plain", "lookup", "draft", "draft"]
+    assert pricing.kind_counts({"plain": 2, "lookup:3": 1, "naive:1,2,0": 4, "traversal:2,0,1": 1}) == {
+        "plain": 2, "lookup": 1, "draft": 5}
+    assert pricing.kind_counts({}) == {"plain": 0, "lookup": 0, "draft": 0}
     plain = tp(100, 1)
     assert pricing.price_step(m, step(Action(1, 0, 0))) == pytest.approx(plain)
     assert pricing.price_step(m, step(Action(1, 0, 0), selected=True), "target_only", 1e-4) == pytest.approx(
