@@ -7,10 +7,12 @@ plain step: the *chain selector* (``branchpoint chain-selector``, folder ``artif
 
 Pieces:
 
-- `SelectorCandidateGenerator`, a transformers ``CandidateGenerator``: before each target pass it asks the
-  selector for n and drafts n tokens with `AssistantDrafter`; with ``lookup`` it first tries a prompt lookup
-  chain (`policies.lookup.propose`, no draft forward) where the context repeats, as our headline does. The
-  selector's inputs come from what ``generate()`` already has: the target's last hidden state at the token
+- `SelectorCandidateGenerator`, a transformers ``CandidateGenerator``: before each target pass it asks its policy
+  for the step and drafts n tokens with `AssistantDrafter`. The policy comes from the registry
+  (`policies.registry.build_policy`): the chain selector, or with ``lookup`` the registry's ``prompt_lookup``
+  policy with the selector as its fallback (a lookup chain where the context repeats, no draft forward), as our
+  headline does. Before transformers' first target pass there is no root row yet: that step is a plain one. The
+  policy's inputs come from what ``generate()`` already has: the target's last hidden state at the token
   before the root (the target pass of the step before, ``output_hidden_states``), the root token's input
   embedding, the entropy of the target's distribution at that position after ``generate()``'s logits
   processors (the ``scores`` of ``update_candidate_strategy``), the context length, the sampling settings and a
@@ -48,11 +50,11 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from decoding.actions import Action
 from decoding.errors import UserInputError
 from decoding.features import RootFeatures
+from decoding.policy import Choice, Policy
 from decoding.pricing import kind_counts, step_class
 from decoding.sampling import Sampling
 from export.runtime import SelectorRuntime, read_sidecar
 from models.hf_compat import cache_kwargs
-from policies.lookup import MAX_NGRAM, propose
 from policies.registry import CHAIN_METHOD, build_policy
 
 CHAIN_KIND = "chain"  # the sidecar's "kind" of a chain selector (pipeline/chain_selector.py)
@@ -158,7 +160,8 @@ class AssistantDrafter:
 
 
 class SelectorCandidateGenerator(CandidateGenerator):
-    """transformers' candidate-generator protocol, with the chain selector choosing each step's draft length."""
+    """transformers' candidate-generator protocol, with a registry policy (the chain selector, or lookup then the
+    selector) choosing each step: a plain step, a lookup chain, or a drafted chain of n tokens."""
 
     requires_model_outputs = True  # the target's last pass: its hidden states are the selector's input
     model_kwargs_overrides = {"output_hidden_states": True}
@@ -166,6 +169,8 @@ class SelectorCandidateGenerator(CandidateGenerator):
     def __init__(self, model, selector, drafter: AssistantDrafter, generation_config,
                  lookup: int | None = None) -> None:
         self.model, self.selector, self.drafter = model, selector, drafter
+        self.policy: Policy = (build_policy("prompt_lookup", {"length": lookup, "fallback": selector}).policy
+                               if lookup else selector)
         self.max_length = int(generation_config.max_length)
         self.sampling = Sampling(float(generation_config.temperature or 1.0) if generation_config.do_sample else 0.0,
                                  float(generation_config.top_p or 1.0) if generation_config.do_sample else 1.0)
@@ -188,16 +193,16 @@ class SelectorCandidateGenerator(CandidateGenerator):
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, n_last_matches: int = 0,
                        **_: object) -> tuple[torch.LongTensor, torch.Tensor | None]:
         budget = self.max_length - input_ids.shape[1] - 1  # transformers' own cap: the bonus token must fit
-        n, proposal = 0, None
-        if budget > 0 and self.lookup:
-            proposal = propose(input_ids[0].tolist(), min(self.lookup, budget), MAX_NGRAM)
-        if proposal is not None and proposal.tokens:
-            self.last_length = len(proposal.tokens)
-            self.steps[step_class(Action(1, len(proposal.tokens), 0), CHAIN_METHOD, True)] += 1
-            tokens = torch.tensor([proposal.tokens], dtype=input_ids.dtype, device=input_ids.device)
+        choice = None
+        if budget > 0 and model_outputs is not None:  # before the first target pass: no root row, a plain step
+            choice = self.choose(input_ids, model_outputs, int(n_last_matches))
+        if choice is not None and choice.proposal is not None:  # a lookup chain, cut to the budget
+            proposed = choice.proposal.path_tokens(choice.proposal.num_nodes - 1)[:budget]
+            self.last_length = len(proposed)
+            self.steps[step_class(Action(1, len(proposed), 0), CHAIN_METHOD, True)] += 1
+            tokens = torch.tensor([proposed], dtype=input_ids.dtype, device=input_ids.device)
             return torch.cat([input_ids, tokens], dim=1), None  # one-hot q: transformers matches sampled tokens
-        if budget > 0 and model_outputs is not None:
-            n = min(self.draft_length(input_ids, model_outputs, int(n_last_matches)), budget)
+        n = min(int(choice.action.tree_size), budget) if choice is not None else 0
         self.last_length = n
         self.steps[step_class(Action(1, n, 0), CHAIN_METHOD, False)] += 1
         if n == 0:
@@ -215,13 +220,14 @@ class SelectorCandidateGenerator(CandidateGenerator):
                             h_p_prev=hidden[0, at].float().cpu().numpy(), e_root=e_root[0].float().cpu().numpy(),
                             context=ids)
 
-    def draft_length(self, input_ids: torch.Tensor, model_outputs, n_last_matches: int) -> int:
+    def choose(self, input_ids: torch.Tensor, model_outputs, n_last_matches: int) -> Choice:
+        """The policy's `Choice` at this root (an `Action` from a bare selector becomes one); a chain, or an error."""
         with torch.no_grad():
-            choice = self.selector.select(self.features(input_ids, model_outputs, n_last_matches))
-        action = getattr(choice, "action", choice)
-        if not action.is_chain:
-            raise IntegrationError(f"the selector chose {action}, not a chain; use a chain selector")
-        return int(action.tree_size)
+            choice = self.policy.select(self.features(input_ids, model_outputs, n_last_matches))
+        choice = choice if isinstance(choice, Choice) else Choice(choice)
+        if not choice.action.is_chain:
+            raise IntegrationError(f"the selector chose {choice.action}, not a chain; use a chain selector")
+        return choice
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         """``scores`` ``[1, candidates + 1, V]``: the target's logits after the logits processors; row

@@ -12,7 +12,7 @@ method per step), and what evaluation reports and prices of it:
 | ``adaptive_chain`` | ``max_length``, ``initial`` | `policies.adaptive_chain.AdaptiveChain`, ``naive`` |
 | ``threshold_chain`` | ``max_length``, ``threshold`` | `policies.threshold_chain.ThresholdChain`, ``naive`` |
 | ``selector`` | ``folder``, ``latency`` (a profile path or None), ``methods`` (None: all) | `export.runtime.SelectorRuntime` |
-| ``prompt_lookup`` | ``length``, ``min_ngram``, ``fallback`` (None, or ``{"name": ..., **cfg}``) | `policies.lookup.LookupFirst`: a lookup chain (``naive``) where the context repeats, else the fallback (None: a plain step) |
+| ``prompt_lookup`` | ``length``, ``min_ngram``, ``fallback`` (None, ``{"name": ..., **cfg}``, or a built `Policy`) | `policies.lookup.LookupFirst`: a lookup chain (``naive``) where the context repeats, else the fallback (None: a plain step) |
 
 Numpy and onnxruntime only (no torch): a runtime that is not ours can use it as it is.
 """
@@ -86,7 +86,10 @@ def _prompt_lookup(cfg: Mapping) -> BuiltPolicy:
     from .lookup import MAX_NGRAM, LookupFirst
 
     spec = cfg.get("fallback")
-    fallback = build_policy(spec["name"], spec) if spec else None
+    if spec is not None and not isinstance(spec, Mapping):  # a policy its caller built and checked (transformers)
+        fallback = BuiltPolicy(spec, CHAIN_METHOD, "policy")
+    else:
+        fallback = build_policy(spec["name"], spec) if spec else None
     min_ngram = int(cfg.get("min_ngram", 1))
     policy = LookupFirst(fallback.policy if fallback else None, int(cfg["length"]), max(MAX_NGRAM, min_ngram),
                          min_ngram, CHAIN_METHOD)

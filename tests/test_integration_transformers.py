@@ -24,6 +24,7 @@ from integrations.transformers import (
     branchpoint_generate,
     load_chain_selector,
 )
+from policies.lookup import LookupFirst
 from selector.network import NetShape, OutputLayout, SelectorNet
 
 CHAINS = tuple(Action(1, n, 0) for n in range(5))
@@ -90,9 +91,13 @@ def test_greedy_is_token_identical_to_generate(pair, chain_folder):
     assert kinds["draft"] > 0 and gen.drafted > kinds["draft"]  # it drafted chains, not plain steps
     assert len(selector.seen) == kinds["draft"] + kinds["plain"] - 1  # asked at every step but the first
     assert set(gen.steps) <= {"plain"} | {f"naive:1,{n},0" for n in range(1, 9)}  # `pricing.step_class` keys
-    with_lookup = branchpoint_generate(target, ids, selector=chain_folder, assistant=draft, lookup=3, do_sample=False,
-                                       max_new_tokens=48, min_new_tokens=48)
+    decoding = BranchpointDecoding(load_chain_selector(chain_folder, target), draft, lookup=3)
+    with_lookup = target.generate(ids, do_sample=False, max_new_tokens=48, min_new_tokens=48, custom_generate=decoding)
     assert with_lookup.tolist() == plain.tolist()
+    gen = decoding.last_generator
+    assert isinstance(gen.policy, LookupFirst) and gen.policy.length == 3  # the registry's prompt_lookup policy
+    assert gen.steps_by_kind()["lookup"] > 0 and gen.steps_by_kind()["draft"] > 0  # both of its branches ran
+    assert {k for k in gen.steps if k.startswith("lookup:")} <= {"lookup:1", "lookup:2", "lookup:3"}
 
 
 def test_the_selector_sees_the_targets_own_features(pair, chain_folder):
