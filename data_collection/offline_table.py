@@ -74,7 +74,7 @@ def load_offline_table(collect_out: str | Path, space: ActionSpace, latency, pri
         raise UserInputError(f"{collect_out} has no labels for {missing} (collected: {collected}); add them to "
                              "collect.methods and re-collect")
     ds = load_collected(collect_out)
-    wanted = (*ROOT_COLUMNS, *columns)
+    wanted = tuple(dict.fromkeys((*ROOT_COLUMNS, *columns)))  # a root column asked for again is read once
     keep = [c for c in (*wanted, *(label_column(m) for m in methods)) if c in ds.column_names]
     data = ds.select_columns(keep).with_format("numpy")[:]
     columns = {c: np.asarray(data[c]) for c in wanted if c in data}

@@ -91,3 +91,42 @@ def test_a_selector_decision_opens_five_of_our_modules_a_lookup_step_four(select
         assert touched == DECISION_MODULES, sorted(touched ^ DECISION_MODULES)
     for touched in lookup_steps:
         assert touched == LOOKUP_STEP, sorted(touched ^ LOOKUP_STEP)
+
+
+# A whole step of the default policy on the tiny HF pair (the embedded target adds models/lean_layers.py and
+# models/int4.py): the decision above, then drafting, the tree pass, verification (Traversal), pruning and the step's
+# stats. docs/architecture.md ("One decoding step") gives these counts; a step that grows past them fails here.
+WHOLE_STEP = {"selector": 20, "lookup": 15}
+
+
+def test_a_whole_step_stays_within_its_module_count(selector):
+    target, draft = untied_pair()
+    decoder = SpeculativeDecoder(target, draft, VOCAB)
+    seen: list[set] = []
+    original = SpeculativeDecoder.step
+
+    def traced_step(self, state, run):
+        calls: set = set()
+
+        def hook(frame, event, arg):
+            if event == "call":
+                mod = _ours(frame.f_code.co_filename)
+                if mod:
+                    calls.add(mod)
+
+        sys.setprofile(hook)
+        try:
+            return original(self, state, run)
+        finally:
+            sys.setprofile(None)
+            seen.append(calls)
+
+    decoder.step = traced_step.__get__(decoder)
+    decoder.generate(list(range(3, 40)), 24, "traversal", LookupFirst(selector, length=4), Sampling(1.0, 1.0), seed=0)
+    steady = seen[1:]
+    selector_steps = [s for s in steady if "export/runtime.py" in s]
+    lookup_steps = [s for s in steady if "export/runtime.py" not in s]
+    assert selector_steps and lookup_steps
+    assert max(map(len, selector_steps)) <= WHOLE_STEP["selector"], sorted(max(selector_steps, key=len))
+    assert max(map(len, lookup_steps)) <= WHOLE_STEP["lookup"], sorted(max(lookup_steps, key=len))
+    assert {"engine/tree_pass.py", "engine/cache.py", "verifiers/traversal.py"} <= set.intersection(*steady)

@@ -319,6 +319,10 @@ def test_the_offline_table_is_the_dataset_with_its_prices_and_names_a_wrong_grid
     assert test.sum() == (np.asarray(ds["split"]) == "test").sum() > 0
     assert tab.rows(test).labels["traversal"].shape == (test.sum(), len(space))
     assert tab.split_rows("nosuch").all() and not tab.split_rows("nosuch", all_when_missing=False).any()
+    # extra columns, a root column among them (it was read twice, and pyarrow refused the duplicate field)
+    more = load_offline_table(cfg.collect.out, space, latency, columns=["l1_p_q_prev", "entropy_p_prev"])
+    np.testing.assert_array_equal(more.columns["entropy_p_prev"], np.asarray(ds["entropy_p_prev"]))
+    np.testing.assert_array_equal(more.columns["l1_p_q_prev"], tab.columns["l1_p_q_prev"])
     with pytest.raises(UserInputError, match="another action grid"):
         load_offline_table(cfg.collect.out, ActionSpace(range(1, 2), range(0, 2), range(0, 1)), latency)
     with pytest.raises(UserInputError, match="no labels for"):
