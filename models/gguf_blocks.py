@@ -1,14 +1,16 @@
 """The quantized blocks of a GGUF file, read as they are stored (`read_blocks`), and their exact dequantization.
 
-The backend reads ``Q4_1`` (ggml's layout; blocks of 32 along a row's input axis): 20 bytes per block, ``d``
-(float16), ``m`` (float16), then 16 bytes of 4-bit codes ``q``: byte ``j`` holds element ``j`` in its low nibble
-and element ``j + 16`` in its high nibble. ``w = d * q + m``. (The embedded file's tied Q8_0 embedding is not read:
-the backend's head is the dense weight in bfloat16, `models.int4.BF16Linear`.)
+The backend reads two of ggml's layouts, both in blocks of 32 along a row's input axis:
+- ``Q4_1`` (the embedded target's linear layers): 20 bytes per block, ``d`` (float16), ``m`` (float16), then 16
+  bytes of 4-bit codes ``q``: byte ``j`` holds element ``j`` in its low nibble and element ``j + 16`` in its high
+  nibble. ``w = d * q + m``.
+- ``Q8_0`` (its tied embedding / LM head): 34 bytes per block, ``d`` (float16), then 32 signed bytes ``q``.
+  ``w = d * q``. Stored here as unsigned codes ``c = q + 128`` with ``m = 0``, so ``w = d * (c - 128)``.
 
 `QuantizedMatrix` keeps the codes unpacked (one uint8 per element, ``[N, K]``) with per-block ``d`` and ``m``
 (``[N, K / 32]`` float32): the form `models.int4` packs for torch's 4-bit CPU kernel. Its
 `dequantize` is the float32 matrix transformers builds from the same file (``gguf``'s own dequantization
-computes ``d * q + m`` in float32 from the float16 scales as well), which `models.quantized` checks
+computes ``d * q + m`` or ``d * q`` in float32 from the float16 scales as well), which `models.quantized` checks
 weight by weight before using any block.
 """
 
@@ -20,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 32
-FORMATS = ("Q4_1",)
+FORMATS = ("Q4_1", "Q8_0")
+BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
+ZERO_CODE = {"Q4_1": 0, "Q8_0": 128}  # the code that stands for q = 0
 
 
 class GGUFBlockError(ValueError):
@@ -29,10 +33,11 @@ class GGUFBlockError(ValueError):
 
 @dataclass(frozen=True)
 class QuantizedMatrix:
-    """A weight ``[N, K]`` as integer codes and per-block affine parameters: ``w = d * q + m`` blockwise."""
+    """A weight ``[N, K]`` as integer codes and per-block affine parameters: ``w = d * (c - zero) + m`` blockwise,
+    ``zero`` 0 for Q4_1 and 128 for Q8_0 (module docstring)."""
 
-    fmt: str  # "Q4_1"
-    codes: np.ndarray  # [N, K] uint8, 0..15
+    fmt: str  # "Q4_1" or "Q8_0"
+    codes: np.ndarray  # [N, K] uint8: 0..15 (Q4_1), 0..255 (Q8_0)
     d: np.ndarray  # [N, K / 32] float32 scale
     m: np.ndarray  # [N, K / 32] float32 offset
 
@@ -43,7 +48,7 @@ class QuantizedMatrix:
     def dequantize(self) -> np.ndarray:
         """The float32 weight ``[N, K]``."""
         n, k = self.codes.shape
-        q = self.codes.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+        q = self.codes.reshape(n, k // BLOCK, BLOCK).astype(np.float32) - ZERO_CODE[self.fmt]
         return (q * self.d[:, :, None] + self.m[:, :, None]).reshape(n, k)
 
     def rows(self, order: np.ndarray) -> QuantizedMatrix:
@@ -65,12 +70,15 @@ def from_raw(fmt: str, raw: np.ndarray, k: int) -> QuantizedMatrix:
         raise GGUFBlockError(f"block format {fmt} is not supported (supported: {', '.join(FORMATS)})")
     if k % BLOCK:
         raise GGUFBlockError(f"input size {k} is not a multiple of the block size {BLOCK}")
-    size = 20
+    size = BLOCK_BYTES[fmt]
     n = raw.shape[0]
     if raw.shape[1] != k // BLOCK * size:
         raise GGUFBlockError(f"{fmt} rows of {raw.shape[1]} bytes do not hold {k} elements")
     blocks = np.ascontiguousarray(raw).reshape(n, k // BLOCK, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if fmt == "Q8_0":
+        codes = (blocks[..., 2:].view(np.int8).astype(np.int16) + ZERO_CODE[fmt]).astype(np.uint8)
+        return QuantizedMatrix(fmt, codes.reshape(n, k), d, np.zeros_like(d))
     m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     qs = blocks[..., 4:]
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # elements 0..15, then 16..31
@@ -78,7 +86,8 @@ def from_raw(fmt: str, raw: np.ndarray, k: int) -> QuantizedMatrix:
 
 
 def read_blocks(path: str | Path) -> dict[str, QuantizedMatrix]:
-    """Every Q4_1 2-D tensor of a GGUF file by its GGUF name (``blk.0.attn_q.weight``, ...)."""
+    """Every Q4_1 and Q8_0 2-D tensor of a GGUF file by its GGUF name (``blk.0.attn_q.weight``,
+    ``token_embd.weight``, ...)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))

@@ -2,14 +2,14 @@
 
 `use_gguf_blocks(model, gguf)` replaces the linear layers of a loaded (dequantized) GGUF model: attention's q, k,
 v, o and the MLP's gate, up and down by `models.int4.Int4Linear` on the same file's Q4_1 blocks, and the LM head
-(the tied Q8_0 embedding) by a bfloat16 `models.int4.BF16Linear`. Attention itself, the norms, the rotary
+by one on its Q8_0 blocks (the tied embedding ``token_embd``, or ``output`` where the file has its own head). Attention itself, the norms, the rotary
 embedding, the KV cache, tree masks and the verifiers are unchanged: the model stays the HF module it was.
 
 Before a block is used, its dequantization is compared with the weight transformers loaded from the same
 file: they must be equal (not close). Q and K rows are stored in llama.cpp's rotary order and moved back
 here exactly as transformers moves them (`_rotary_rows`); the comparison proves the order. The codes are the
 file's; scales, zeros and activations are bfloat16, so the backend computes a slightly different function from
-the float32 dequantized model (held-out perplexity +0.03%, docs/engine.md). Every stage loads the target the same
+the float32 dequantized model (held-out perplexity within 0.1%, docs/engine.md). Every stage loads the target the same
 way (`models.loading.load_model`), so trajectories, labels, profile and decoding all use that one function.
 
 The input embedding stays a float32 table: a lookup reads one row per token and equals the row's dequantization.
@@ -23,7 +23,7 @@ import numpy as np
 from torch import nn
 
 from models.gguf_blocks import QuantizedMatrix, architecture, read_blocks
-from models.int4 import BF16Linear, Int4Linear
+from models.int4 import Int4Linear
 
 # HF module path inside a decoder layer -> GGUF tensor name inside block i
 LAYER_TENSORS = {
@@ -62,8 +62,8 @@ def model_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def use_gguf_blocks(model: nn.Module, gguf: str | Path) -> int:
-    """Replace ``model``'s linear layers by `Int4Linear` modules on ``gguf``'s Q4_1 blocks and its LM head by a
-    bfloat16 `BF16Linear` (in place); returns how many layers were replaced."""
+    """Replace ``model``'s linear layers by `Int4Linear` modules on ``gguf``'s Q4_1 blocks, and its LM head on the
+    file's head blocks where they are Q4_1 or Q8_0 (in place); returns how many layers were replaced."""
     arch = architecture(gguf)
     if arch["architecture"] not in ("llama",):
         raise QuantizedBackendError(f"{gguf}: architecture {arch['architecture']!r}; the block backend reads llama")
@@ -84,8 +84,9 @@ def use_gguf_blocks(model: nn.Module, gguf: str | Path) -> int:
             setattr(parent, attr, Int4Linear(w, weight=linear.weight))
             replaced += 1
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "bias", None) is None:
-        model.set_output_embeddings(BF16Linear(head.weight))
+    w = blocks.get("output.weight", blocks.get("token_embd.weight"))
+    if head is not None and w is not None and getattr(head, "bias", None) is None:
+        model.set_output_embeddings(Int4Linear(_matching(w, head, "lm_head"), weight=head.weight))
         replaced += 1
     model.config.branchpoint_backend = "int4"
     return replaced
@@ -97,9 +98,9 @@ def backend_of(model: nn.Module) -> str:
 
 
 def linear_bytes(model: nn.Module) -> int:
-    """Weight bytes the linear layers and the LM head read per token: quantized blocks (codes, scales, zeros) and the
-    bfloat16 head on the block backend, else the float weights (each module once)."""
+    """Weight bytes the linear layers and the LM head read per token: quantized blocks (codes, scales, zeros) on the
+    block backend, else the float weights (each module once)."""
     seen = {id(m): m for m in model.modules()
-            if isinstance(m, (Int4Linear, BF16Linear, nn.Linear)) or type(m).__name__ == "PackedLinear"}
-    return sum(m.bytes_read if isinstance(m, (Int4Linear, BF16Linear)) else m.weight.numel() * m.weight.element_size()
+            if isinstance(m, (Int4Linear, nn.Linear)) or type(m).__name__ == "PackedLinear"}
+    return sum(m.bytes_read if isinstance(m, Int4Linear) else m.weight.numel() * m.weight.element_size()
                for m in seen.values())

@@ -21,7 +21,7 @@ from decoding.sampling import Sampling
 from engine.cache import KVState
 from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
 from engine.tree_pass import forward_nodes, prefill
-from models.int4 import BF16Linear, Int4Linear
+from models.int4 import Int4Linear
 from models.loading import ModelLoadError, Placement, embedded_gguf_path, load_model
 from models.quantized import QuantizedBackendError, backend_of, use_gguf_blocks
 
@@ -44,9 +44,10 @@ def prompt_ids(smollm2_pair):
 
 
 def test_every_linear_layer_runs_on_blocks(int4_target):
-    layers = [m for m in int4_target.modules() if isinstance(m, Int4Linear)]
+    layers = [m for m in int4_target.modules() if isinstance(m, Int4Linear) and m.blocks.fmt == "Q4_1"]
     assert len(layers) == 30 * 7  # q k v o gate up down per layer
-    assert isinstance(int4_target.get_output_embeddings(), BF16Linear)
+    head = int4_target.get_output_embeddings()
+    assert isinstance(head, Int4Linear) and head.blocks.fmt == "Q8_0" and head.copies == 2  # the tied Q8_0 embedding
     assert backend_of(int4_target) == "int4"
     assert sum(m.bytes_read for m in layers) < 70e6  # 4.5 bits per weight vs ~425 MB of float32 layer weights
 

@@ -1,0 +1,40 @@
+"""`models.gguf_blocks` reads Q8_0 blocks as stored, and `models.int4.Int4Linear` computes them exactly as two 4-bit
+halves: ``bf16(d) * q`` with bfloat16 activations, each row independent of the others in its batch."""
+
+import numpy as np
+import torch
+
+from models.gguf_blocks import BLOCK, from_raw
+from models.int4 import Int4Linear
+
+
+def _q8_raw(n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random Q8_0 rows as GGUF bytes ``[n, k / 32 * 34]``, with their scales (float16) and signed codes."""
+    rng = np.random.default_rng(seed)
+    d = (rng.uniform(1e-4, 3e-3, (n, k // BLOCK))).astype(np.float16)
+    q = rng.integers(-128, 128, (n, k // BLOCK, BLOCK)).astype(np.int8)
+    raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], axis=-1).reshape(n, -1)
+    return raw, d, q
+
+
+def test_q8_0_blocks_dequantize_to_d_times_q():
+    raw, d, q = _q8_raw(8, 64)
+    w = from_raw("Q8_0", raw, 64)
+    assert w.fmt == "Q8_0" and w.shape == (8, 64) and w.codes.dtype == np.uint8
+    ref = (d.astype(np.float32)[..., None] * q.astype(np.float32)).reshape(8, 64)
+    assert np.array_equal(w.dequantize(), ref)
+
+
+def test_q8_0_on_the_4bit_kernel_is_bf16_scales_times_codes():
+    raw, d, q = _q8_raw(96, 128, seed=1)
+    layer = Int4Linear(from_raw("Q8_0", raw, 128))
+    assert layer.copies == 2 and layer.bytes_read == 96 * 128 + (2 * 128 // BLOCK) * 96 * 2 * 2  # codes; scale and zero per block
+    x = torch.randn(5, 128).to(torch.bfloat16).float()  # the kernel's activations are bfloat16
+    d1 = torch.from_numpy(d.astype(np.float32)).to(torch.bfloat16).float()
+    exact = (d1[..., None] * torch.from_numpy(q.astype(np.float32))).reshape(96, 128)
+    got = layer(x)
+    assert torch.allclose(got, x @ exact.T, rtol=2 ** -7, atol=1e-4)  # the kernel rounds its output to bfloat16
+    unsigned = (d1[..., None] * torch.from_numpy(q.astype(np.float32) + 128)).reshape(96, 128)
+    assert not torch.allclose(got, x @ unsigned.T, rtol=2 ** -7, atol=1e-4)  # the check can fail
+    rows = torch.cat([layer(x[i:i + 1]) for i in range(5)])
+    assert torch.equal(got, rows)  # batch invariant, bit for bit
