@@ -16,6 +16,8 @@ One run, interleaved (each repetition times every backend in turn, so a phase of
 ``--baseline DIR`` (a checkout of an earlier commit, ``git worktree add /tmp/before <commit>``) times the step
 classes only: every repetition runs them once in a fresh process on the current code and once on DIR's
 (``PYTHONPATH=DIR``), alternating; the JSON (``results/target_backend_ab.json``) holds ``after`` / ``before``.
+Both sides run in this checkout's folder, so they read one params.yaml and load the same draft artifact (a DIR
+without ``artifacts/draft`` would otherwise time an untrained stand-in draft against the trained one).
 
 Run: ``python -m benchmarks.bench_target_backend [--quick] [--skip-llamacpp] [--baseline DIR]``.
 """
@@ -133,11 +135,12 @@ def one_repetition(cfg, backends: list[str], tokens: int, n_prompts: int, method
 def compare_with_baseline(args, reps: int, tokens: int, n_prompts: int) -> dict:
     """Repetitions alternating the current code and ``args.baseline``'s, each in a fresh process; medians."""
     runs: dict[str, list[dict]] = {"after": [], "before": []}
+    here = str(Path(__file__).resolve().parents[1])
     for rep in range(reps):
-        for side, root in (("after", str(Path(__file__).resolve().parents[1])), ("before", args.baseline)):
+        for side, root in (("after", here), ("before", str(Path(args.baseline).resolve()))):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--backends", args.backends,
                    "--method", args.method, "--tokens", str(tokens), "--prompts", str(n_prompts)]
-            out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=root), cwd=root, capture_output=True,
+            out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=root), cwd=here, capture_output=True,
                                  text=True, check=True)
             runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"rep {rep} {side}: {runs[side][-1]}", flush=True)
