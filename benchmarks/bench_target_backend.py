@@ -3,7 +3,7 @@
 One run, interleaved (each repetition times every backend in turn, so a phase of the machine hits all alike):
 
 1. ``steps``: ms per decode step of our engine for each backend (``dense`` float32 prepacked weights; ``int4`` the
-   GGUF file's own Q4_1 blocks through torch's 4-bit kernel, bfloat16 activations and head) and each step class:
+   GGUF file's own blocks through torch's 4-bit kernel, bfloat16 activations) and each step class:
    plain (autoregressive), the static tree 2,0,1 and the action space's largest tree, with the configured
    self-draft on that same target (its shared layers compute on the same backend);
 2. ``bytes``: weight bytes the linear layers read per plain step, and the implied GB/s;

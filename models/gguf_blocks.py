@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 32
-FORMATS = ("Q4_1", "Q8_0")
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
+FORMATS = tuple(BLOCK_BYTES)
 ZERO_CODE = {"Q4_1": 0, "Q8_0": 128}  # the code that stands for q = 0
 
 

@@ -2,14 +2,15 @@
 
 `use_gguf_blocks(model, gguf)` replaces the linear layers of a loaded (dequantized) GGUF model: attention's q, k,
 v, o and the MLP's gate, up and down by `models.int4.Int4Linear` on the same file's Q4_1 blocks, and the LM head
-by one on its Q8_0 blocks (the tied embedding ``token_embd``, or ``output`` where the file has its own head). Attention itself, the norms, the rotary
-embedding, the KV cache, tree masks and the verifiers are unchanged: the model stays the HF module it was.
+by one on its Q8_0 blocks (``token_embd`` where the head is tied to the input embedding, else ``output``).
+Attention itself, the norms, the rotary embedding, the KV cache, tree masks and the verifiers are unchanged: the
+model stays the HF module it was.
 
 Before a block is used, its dequantization is compared with the weight transformers loaded from the same
 file: they must be equal (not close). Q and K rows are stored in llama.cpp's rotary order and moved back
 here exactly as transformers moves them (`_rotary_rows`); the comparison proves the order. The codes are the
 file's; scales, zeros and activations are bfloat16, so the backend computes a slightly different function from
-the float32 dequantized model (held-out perplexity within 0.1%, docs/engine.md). Every stage loads the target the same
+the float32 dequantized model (held-out perplexity +0.19%, docs/engine.md). Every stage loads the target the same
 way (`models.loading.load_model`), so trajectories, labels, profile and decoding all use that one function.
 
 The input embedding stays a float32 table: a lookup reads one row per token and equals the row's dequantization.
@@ -84,7 +85,8 @@ def use_gguf_blocks(model: nn.Module, gguf: str | Path) -> int:
             setattr(parent, attr, Int4Linear(w, weight=linear.weight))
             replaced += 1
     head = model.get_output_embeddings()
-    w = blocks.get("output.weight", blocks.get("token_embd.weight"))
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    w = blocks.get("token_embd.weight" if tied else "output.weight")
     if head is not None and w is not None and getattr(head, "bias", None) is None:
         model.set_output_embeddings(Int4Linear(_matching(w, head, "lm_head"), weight=head.weight))
         replaced += 1

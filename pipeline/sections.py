@@ -30,9 +30,9 @@ class ModelConfig:
     # too large for one GPU over every visible GPU, then CPU memory
     device_map: str | None = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    # how the target's linear layers compute: dense (float weights) | int4 (a GGUF file's own Q4_1 blocks through
-    # torch's 4-bit CPU kernel, bfloat16 activations and head) | auto (int4 for a GGUF target on CPU in float32, else
-    # dense); docs/engine.md measures both
+    # how the target's linear layers compute: dense (float weights) | int4 (a GGUF file's own Q4_1 blocks, and its
+    # Q8_0 head, through torch's 4-bit CPU kernel, bfloat16 activations) | auto (int4 for a GGUF target on CPU in
+    # float32, else dense); docs/engine.md measures both
     backend: str = "auto"
     cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
     threads: int = 2  # torch CPU threads of every stage that runs the models (decode, profile, collect, evaluate)

@@ -28,7 +28,8 @@ def test_q8_0_blocks_dequantize_to_d_times_q():
 def test_q8_0_on_the_4bit_kernel_is_bf16_scales_times_codes():
     raw, d, q = _q8_raw(96, 128, seed=1)
     layer = Int4Linear(from_raw("Q8_0", raw, 128))
-    assert layer.copies == 2 and layer.bytes_read == 96 * 128 + (2 * 128 // BLOCK) * 96 * 2 * 2  # codes; scale and zero per block
+    # codes (two 4-bit halves per weight), then a bfloat16 scale and zero per block of the doubled width
+    assert layer.copies == 2 and layer.bytes_read == 96 * 128 + (2 * 128 // BLOCK) * 96 * 2 * 2
     x = torch.randn(5, 128).to(torch.bfloat16).float()  # the kernel's activations are bfloat16
     d1 = torch.from_numpy(d.astype(np.float32)).to(torch.bfloat16).float()
     exact = (d1[..., None] * torch.from_numpy(q.astype(np.float32))).reshape(96, 128)
