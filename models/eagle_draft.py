@@ -15,8 +15,9 @@ Terms used here:
 
 What is trained (models/draft_training.py, the self-draft's distillation with this module in its place): ``fc``
 (2H -> H), the residual MLP adapter and the logit bias. The embedding, the final norm and the head rows are the
-target's and stay frozen. The distillation records' input is ``[h_prev, e(x)]`` ([2H] per position,
-`models.draft_data.distillation_records` with ``inputs="eagle"``).
+target's and stay frozen. fc and the adapter train in float32; at inference on CPU float32 they compute from Q8_0
+blocks of their trained weights on the same 4-bit kernel (`for_inference`). The distillation records' input is
+``[h_prev, e(x)]`` ([2H] per position, `models.draft_data.distillation_records` with ``inputs="eagle"``).
 
 The module answers two calls:
 - `step`: what the decoder and the collection call (features and tokens in, subset logits and features out);
@@ -187,8 +188,8 @@ class EagleDraft(nn.Module):
 
 
 def load_eagle_draft(target: nn.Module, folder: str | Path) -> EagleDraft:
-    """The EAGLE draft stored in ``folder`` for ``target`` (fingerprint-checked), in eval mode, its linear layers
-    packed where `models.fast_path` applies."""
+    """The EAGLE draft stored in ``folder`` for ``target`` (fingerprint-checked), ready for inference
+    (`for_inference`)."""
     from safetensors.torch import load_file
 
     from models.self_draft import WEIGHTS_FILE, check_fingerprint, read_raw_config
@@ -213,8 +214,12 @@ def load_eagle_draft(target: nn.Module, folder: str | Path) -> EagleDraft:
 
 
 def for_inference(draft: EagleDraft) -> EagleDraft:
-    """``draft`` in eval mode with fc and the adapter packed where `models.fast_path` applies (CPU float32)."""
+    """``draft`` in eval mode, fc and the adapter on Q8_0 blocks of their weights at CPU float32 inference
+    (`models.int4.Q8Linear`: a quarter of the bytes, TEST acceptance unchanged, docs/draft.md); a layer whose input
+    is not whole blocks of 32 (tiny test models) prepacked for oneDNN instead (`models.fast_path`)."""
     from models.fast_path import pack_linears
+    from models.int4 import use_q8_linears
 
-    pack_linears(draft.adapter.eval())
+    use_q8_linears(draft.adapter.eval())
+    pack_linears(draft.adapter)
     return draft.eval()

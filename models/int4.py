@@ -13,6 +13,10 @@ float32 activations the same kernel took 32x longer here); products accumulate i
   ``bf16(d) * q``: a finer head than the bfloat16 matrix it replaced, which rounded every weight (held-out
   perplexity and step times in docs/engine.md).
 
+`Q8Linear` puts an ordinary ``nn.Linear`` (the EAGLE draft's fc and adapter, `models.eagle_draft.for_inference`) on the
+same kernel at inference: Q8_0 blocks of its own weight (`quantize_q8_0`), a quarter of float32's bytes. Training and
+other devices or dtypes run the float weight.
+
 A layer keeps the dense ``weight`` it replaces (read for shapes and ties, never in a product), and a row of the
 output does not depend on the other rows of the batch (checked in tests/test_quantized_target.py), so a tree pass
 and a plain step compute the same rows.
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.fast_path import weight_version
 from models.gguf_blocks import BLOCK, QuantizedMatrix
 
 ACTIVATIONS = torch.bfloat16
@@ -74,3 +79,57 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.blocks.fmt}, " \
                "bfloat16 activations"
+
+
+def quantize_q8_0(weight: torch.Tensor) -> QuantizedMatrix:
+    """Q8_0 blocks of a float weight ``[N, K]``: per block of 32 along K, ``d`` = the block's largest magnitude / 127,
+    rounded to bfloat16 (the precision `Int4Linear` keeps, so the product is exactly ``d * q``), and
+    ``q = round(w / d)`` in -127..127 (an all-zero block: ``d = 0``, ``q = 0``)."""
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"input size {k} is not a multiple of the block size {BLOCK}")
+    blocks = weight.detach().float().cpu().reshape(n, k // BLOCK, BLOCK)
+    d = (blocks.abs().amax(-1) / 127).to(ACTIVATIONS).float()  # [N, K / 32]
+    q = torch.where(d[..., None] > 0, torch.round(blocks / d.clamp_min(1e-30)[..., None]), 0.0).clamp(-127, 127)
+    codes = (q + 128).to(torch.uint8).reshape(n, k).numpy()
+    return QuantizedMatrix("Q8_0", codes, d.numpy(), np.zeros_like(d.numpy()))
+
+
+class Q8Linear(nn.Module):
+    """An ``nn.Linear`` (the same ``weight`` and ``bias`` parameters) that at inference on CPU float32 computes
+    from Q8_0 blocks of its weight on the 4-bit kernel (`Int4Linear`), rebuilt when the weight changes in place;
+    with gradients, or on another device or dtype, it is the plain float product."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self._kernel: tuple[Int4Linear, int] | None = None  # (the blocks' layer, the weight version it was built at)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        trains = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad
+                                              or (self.bias is not None and self.bias.requires_grad))
+        if trains or x.device.type != "cpu" or x.dtype != torch.float32:
+            return nn.functional.linear(x, self.weight, self.bias)
+        version = weight_version(self.weight)
+        if self._kernel is None or self._kernel[1] != version:
+            self._kernel = (Int4Linear(quantize_q8_0(self.weight)), version)
+        y = self._kernel[0](x)
+        return y if self.bias is None else y + self.bias.detach()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q8_0 blocks at inference"
+
+
+def use_q8_linears(module: nn.Module) -> int:
+    """Replace every plain ``nn.Linear`` below ``module`` whose weight is CPU float32 with an input size in whole
+    blocks of 32 by a `Q8Linear` (in place); returns how many."""
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            w = getattr(child, "weight", None)
+            if type(child) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32 and \
+                    child.in_features % BLOCK == 0:
+                setattr(parent, name, Q8Linear(child))
+                replaced += 1
+    return replaced

@@ -1,11 +1,13 @@
 """`models.gguf_blocks` reads Q8_0 blocks as stored, and `models.int4.Int4Linear` computes them exactly as two 4-bit
-halves: ``bf16(d) * q`` with bfloat16 activations, each row independent of the others in its batch."""
+halves: ``bf16(d) * q`` with bfloat16 activations, each row independent of the others in its batch. `Q8Linear` puts a
+float ``nn.Linear`` on Q8_0 blocks of its own weight at inference and stays the float product for training."""
 
 import numpy as np
 import torch
+from torch import nn
 
 from models.gguf_blocks import BLOCK, from_raw
-from models.int4 import Int4Linear
+from models.int4 import Int4Linear, Q8Linear, quantize_q8_0
 
 
 def _q8_raw(n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -39,3 +41,37 @@ def test_q8_0_on_the_4bit_kernel_is_bf16_scales_times_codes():
     assert not torch.allclose(got, x @ unsigned.T, rtol=2 ** -7, atol=1e-4)  # the check can fail
     rows = torch.cat([layer(x[i:i + 1]) for i in range(5)])
     assert torch.equal(got, rows)  # batch invariant, bit for bit
+
+
+def test_q8_0_blocks_of_a_float_weight():
+    torch.manual_seed(0)
+    w = torch.randn(16, 96) * torch.logspace(-3, 0, 16)[:, None]  # rows of very different scales
+    w[3, 32:64] = 0.0  # an all-zero block
+    blocks = quantize_q8_0(w)
+    d = torch.from_numpy(blocks.d)
+    assert torch.equal(d, d.to(torch.bfloat16).float())  # scales the kernel keeps exactly
+    assert d[3, 1] == 0 and np.all(blocks.codes[3, 32:64] == 128)
+    err = (torch.from_numpy(blocks.dequantize()) - w).abs().reshape(16, 3, 32).amax(-1)
+    assert torch.all(err <= 0.51 * d + 1e-12)  # half a step of each block's grid
+    assert err.max() > 0  # 8 bits, not the weight itself
+
+
+def test_q8_linear_is_the_blocks_at_inference_and_the_float_weight_in_training():
+    torch.manual_seed(1)
+    linear = nn.Linear(128, 64)
+    layer = Q8Linear(linear)
+    assert layer.weight is linear.weight and layer.bias is linear.bias  # the same parameters
+    x = torch.randn(5, 128).to(torch.bfloat16).float()
+    with torch.no_grad():
+        got = layer(x)
+        exact = x @ torch.from_numpy(quantize_q8_0(linear.weight).dequantize()).T + linear.bias
+        assert torch.allclose(got, exact, rtol=2 ** -7, atol=1e-3)  # the kernel rounds its output to bfloat16
+        assert not torch.equal(got, nn.functional.linear(x, linear.weight, linear.bias))  # not the float product
+        assert torch.equal(got, torch.cat([layer(x[i:i + 1]) for i in range(5)]))  # rows independent, bit for bit
+    y = layer(x)  # with gradients: the float product, and they reach the weight
+    assert torch.equal(y, nn.functional.linear(x, linear.weight, linear.bias))
+    y.sum().backward()
+    assert linear.weight.grad is not None
+    with torch.no_grad():
+        linear.weight.mul_(2.0)  # an optimizer step: the blocks follow the new weight
+        assert torch.allclose(layer(x) - linear.bias, 2 * (got - linear.bias), rtol=2 ** -6, atol=1e-3)
