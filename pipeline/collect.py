@@ -90,6 +90,23 @@ def trajectories_digest(folder: str | Path) -> str:
     return sha256_file(parquet)[:16]
 
 
+def code_digest(root: Path | None = None) -> str:
+    """sha256 (16 hex digits) of the source of every project module stage collect runs (`pipeline.stage_deps.code_deps`
+    from its entry modules, under ``root``, default this checkout). Part of the configuration hash: rows computed by
+    other code (an engine edit, a draft's inference path) are never appended to, and ``--restart-on-change`` starts
+    over, as dvc reruns the stage."""
+    from pipeline.stage_deps import ROOT, code_deps
+
+    root = ROOT if root is None else Path(root)
+    digest = hashlib.sha256()
+    for rel in code_deps(["pipeline.cli", "pipeline.collect", "pipeline.sections"], root):
+        path = root / rel
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file() and "__pycache__" not in f.parts:
+                digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _header(cfg, pair, space) -> dict:
     import numpy
     import torch
@@ -107,6 +124,7 @@ def _header(cfg, pair, space) -> dict:
         "model": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
                   "dtype": cfg.model.dtype, "backend": cfg.model.backend},
         "trajectories": trajectories_digest(cfg.trajectories.out),
+        "code": code_digest(),
         "actions": {"K": cfg.actions.K, "L1": cfg.actions.L1, "L2": cfg.actions.L2},
         "collect": {k: getattr(c, k) for k in ("splits", "methods", "num_trees", "root_stride",
                                                 "max_roots_per_trajectory", "shard_size", "seed")},

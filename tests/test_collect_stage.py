@@ -1,11 +1,12 @@
 """The collect stage end to end on tiny models (subprocesses, as a user runs it): kill -9 then rerun gives
 the rows of an uninterrupted run; two processes (--shard 0/2, 1/2) merge to the rows of one process;
-the metrics file is written; a changed configuration is refused."""
+the metrics file is written; a changed configuration is refused, and so is a change of the code collect runs."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,3 +117,26 @@ def test_changed_config_is_refused_in_one_line(setup):
     third = _run(_args(base, target, draft, "refuse", ["--set", "collect.max_roots_per_trajectory=1",
                                                        "--set", "collect.num_trees=3", "--restart-on-change"]))
     assert third.returncode == 0, third.stderr
+
+
+def test_the_configuration_hash_covers_the_code_collect_runs(tmp_path):
+    """An edit of a module collect runs (the tree pass, the 4-bit kernel's layers) changes `code_digest`, so a resumed
+    collection starts over instead of appending rows computed by other code; an edit of a module it never imports
+    (the report, the decode loop) does not."""
+    from pipeline.collect import code_digest
+    from pipeline.stage_deps import PACKAGES
+
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_digest(tmp_path)
+    assert before == code_digest(ROOT)  # the same files give the same digest wherever they lie
+    for unread in ("evaluation/report.py", "engine/decoder.py"):
+        path = tmp_path / unread
+        path.write_text(path.read_text() + "\n# not run by collect\n")
+    assert code_digest(tmp_path) == before
+    digests = {before}
+    for read in ("engine/tree_pass.py", "models/int4.py"):
+        path = tmp_path / read
+        path.write_text(path.read_text() + "\n# an edit\n")
+        digests.add(code_digest(tmp_path))
+    assert len(digests) == 3
