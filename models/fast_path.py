@@ -52,6 +52,29 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
+def runs_float(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether a linear layer prepared for CPU inference (`PackedLinear`, `models.int4.Q8Linear`) must compute the
+    plain float product of its ``weight`` and ``bias`` on ``x``: gradients for either or for ``x``, or ``x`` not CPU
+    float32."""
+    bias = layer.bias
+    if torch.is_grad_enabled() and (layer.weight.requires_grad or x.requires_grad or
+                                    (bias is not None and bias.requires_grad)):
+        return True
+    return x.device.type != "cpu" or x.dtype not in _PACK_DTYPES
+
+
+def replace_linears(module: nn.Module, make, applies) -> int:
+    """Replace every plain ``nn.Linear`` below ``module`` for which ``applies(linear)`` by ``make(linear)``, in place;
+    returns how many."""
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and applies(child):
+                setattr(parent, name, make(child))
+                replaced += 1
+    return replaced
+
+
 class PackedLinear(nn.Module):
     """An ``nn.Linear`` whose weight is prepacked once for oneDNN (inference); same parameters, same result."""
 
@@ -75,10 +98,7 @@ class PackedLinear(nn.Module):
         self._packed, self._packed_version = None, -2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad or
-                                        (self.bias is not None and self.bias.requires_grad)):
-            return nn.functional.linear(x, self.weight, self.bias)
-        if x.device.type != "cpu" or x.dtype not in _PACK_DTYPES:
+        if runs_float(self, x):
             return nn.functional.linear(x, self.weight, self.bias)
         if self._packed is None or weight_version(self.weight) != self._packed_version:
             self.repack()
@@ -100,13 +120,7 @@ class PackedLinear(nn.Module):
 def pack_linears(model: nn.Module) -> int:
     """Replace every plain ``nn.Linear`` below ``model`` by a `PackedLinear` (in place); returns how many
     were packed now (modules already packed, e.g. shared with another model, are skipped)."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and can_pack(child.weight.device, child.weight.dtype):
-                setattr(parent, name, PackedLinear(child))
-                replaced += 1
-    return replaced
+    return replace_linears(model, PackedLinear, lambda m: can_pack(m.weight.device, m.weight.dtype))
 
 
 def packed_bytes(model: nn.Module) -> int:

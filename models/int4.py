@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.fast_path import weight_version
+from models.fast_path import replace_linears, runs_float, weight_version
 from models.gguf_blocks import BLOCK, QuantizedMatrix
 
 ACTIVATIONS = torch.bfloat16
@@ -107,9 +107,7 @@ class Q8Linear(nn.Module):
         self._kernel: tuple[Int4Linear, int] | None = None  # (the blocks' layer, the weight version it was built at)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        trains = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad
-                                              or (self.bias is not None and self.bias.requires_grad))
-        if trains or x.device.type != "cpu" or x.dtype != torch.float32:
+        if runs_float(self, x):
             return nn.functional.linear(x, self.weight, self.bias)
         version = weight_version(self.weight)
         if self._kernel is None or self._kernel[1] != version:
@@ -124,12 +122,5 @@ class Q8Linear(nn.Module):
 def use_q8_linears(module: nn.Module) -> int:
     """Replace every plain ``nn.Linear`` below ``module`` whose weight is CPU float32 with an input size in whole
     blocks of 32 by a `Q8Linear` (in place); returns how many."""
-    replaced = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            w = getattr(child, "weight", None)
-            if type(child) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32 and \
-                    child.in_features % BLOCK == 0:
-                setattr(parent, name, Q8Linear(child))
-                replaced += 1
-    return replaced
+    return replace_linears(module, Q8Linear, lambda m: m.weight.device.type == "cpu"
+                           and m.weight.dtype == torch.float32 and m.in_features % BLOCK == 0)
