@@ -17,7 +17,12 @@ decoding really runs:
 - *deciding*: what a selector's step computes before its network runs, per feature set
   (`data_collection.step_prices.time_deciding`).
 
-Each operation's cache is cropped back to ``c`` slots outside the timed region. Repeats are interleaved
+Each operation's cache is cropped back to ``c`` slots outside the timed region. Each timed call comes right after
+one untimed call of the same cell (``Grid.prime``): the tables hold what an operation costs warm, every cell alike.
+Unprimed, the first cell of each kind in a round was the only one that followed the other kind's calls and paid for
+the switch alone: in stop 61's slow phase the 1-row draft cell read 8.0 ms against 3.1 for 2 rows and the 1-token
+target pass 50 ms against 38 for 2 tokens, which put the tables' plain step at 1.3x a decoded one (``plain_scale``
+0.76). What a switch costs in a decode is in the whole-step fit (`data_collection.step_prices`). Repeats are interleaved
 (every grid cell, of every context, once per round) so that load from other processes hits all cells alike; the first
 ``warmup`` rounds are discarded and the table holds the mean of the rest (`decoding.pricing`: means are the one
 statistic of step time). CUDA is synchronised
@@ -107,6 +112,7 @@ class Grid:
     repeats: int
     warmup: int = 2
     sampling: Sampling = DEFAULT_SAMPLING
+    prime: bool = True  # one untimed call of each cell's own operation right before it is timed (module docstring)
 
 
 def tile_ids(ids: Sequence[int], length: int) -> list[int]:
@@ -153,18 +159,19 @@ def time_grid(pair: TimedPair, context_ids: Sequence[int], grid: Grid, progress:
                 kv_t, kv_d = caches[ci]
                 for kind, counts, kv in (("draft", draft_rows, kv_d), ("target", target_tokens, kv_t)):
                     for j, n in enumerate(counts):
-                        _sync(device)
-                        start = time.perf_counter()
-                        if kind == "target":
-                            target_pass(kv, feed[:n], sampling, vocab_size)
-                        elif features:
-                            feature_draft_step(draft, n, feed, sampling, vocab_size)
-                        else:
-                            draft_step(kv, n, feed, sampling, vocab_size)
-                        _sync(device)
-                        elapsed = time.perf_counter() - start
-                        if kv is not None:
-                            kv.crop(c)
+                        for _ in range(2 if grid.prime else 1):  # the last call is the timed one
+                            _sync(device)
+                            start = time.perf_counter()
+                            if kind == "target":
+                                target_pass(kv, feed[:n], sampling, vocab_size)
+                            elif features:
+                                feature_draft_step(draft, n, feed, sampling, vocab_size)
+                            else:
+                                draft_step(kv, n, feed, sampling, vocab_size)
+                            _sync(device)
+                            elapsed = time.perf_counter() - start
+                            if kv is not None:
+                                kv.crop(c)
                         if rnd >= warmup:
                             (draft_s if kind == "draft" else target_s)[ci, j, rnd - warmup] = elapsed
                         bar.update()

@@ -179,3 +179,34 @@ def test_a_tree_pass_scores_its_rows_exactly_as_one_token_steps(one_thread):
         apart = torch.stack([forward_nodes(kv, [t], [7 + i], np.ones((1, 8 + i), bool))[0][0]
                              for i, t in enumerate(chain)])
     assert torch.equal(together, apart)
+
+
+def test_fast_norm_is_the_modules_function_bit_for_bit_or_the_module_itself():
+    from torch import nn
+
+    from models.lean_layers import fast_norm
+
+    model = tiny_lm(2, seed=4)
+    norm = model.model.layers[0].input_layernorm
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    fast = fast_norm(norm)
+    assert not isinstance(fast, nn.Module)  # the fused call replaced HF's module
+    x = torch.randn(2, 7, norm.weight.shape[0])
+    with torch.no_grad():
+        assert torch.equal(fast(x), norm(x))
+        norm.weight.mul_(2.0)  # an in-place update of the module's weight reaches the fused call
+        assert torch.equal(fast(x), norm(x))
+
+    class OnePlus(nn.Module):  # Gemma's form: same attributes, another function
+        def __init__(self, w):
+            super().__init__()
+            self.weight, self.variance_epsilon = nn.Parameter(w.clone()), 1e-6
+
+        def forward(self, h):
+            return (1 + self.weight) * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    other = OnePlus(norm.weight.detach())
+    assert fast_norm(other) is other
+    layer_norm = nn.LayerNorm(8)  # no variance_epsilon: not an RMSNorm
+    assert fast_norm(layer_norm) is layer_norm
