@@ -183,7 +183,7 @@ def _half_turn(cos: torch.Tensor, sin: torch.Tensor):
     return rope
 
 
-def _architectures(rotary):
+def _own_rotary(rotary):
     """`_half_turn`'s interface over the architecture's own ``rotary(q, k, cos, sin)``."""
 
     def bind(cos, sin):
@@ -198,7 +198,7 @@ def rope_of(rotary, head_dim: int):
     gen = torch.Generator().manual_seed(0)
     qk = torch.randn(1, 6, 3, head_dim, generator=gen, dtype=torch.float64)
     cos, sin = torch.randn(2, 1, 3, head_dim, generator=gen, dtype=torch.float64)
-    own = _architectures(rotary)
+    own = _own_rotary(rotary)
     if head_dim % 2 == 0 and all(torch.equal(a, b) for a, b in zip(own(cos, sin)(qk, 4), _half_turn(cos, sin)(qk, 4),
                                                                    strict=True)):
         return _half_turn

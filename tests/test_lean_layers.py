@@ -210,3 +210,26 @@ def test_fast_norm_is_the_modules_function_bit_for_bit_or_the_module_itself():
     assert fast_norm(other) is other
     layer_norm = nn.LayerNorm(8)  # no variance_epsilon: not an RMSNorm
     assert fast_norm(layer_norm) is layer_norm
+
+
+def test_rope_of_takes_the_half_turn_only_where_it_equals_the_architectures_rotary():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from models.lean_layers import _half_turn, rope_of
+
+    assert rope_of(apply_rotary_pos_emb, 8) is _half_turn  # Llama's rotate_half form, bit for bit
+
+    def interleaved(q, k, cos, sin):  # GPT-J's pairs (x0, x1), (x2, x3), ...: another function
+        def turn(x):
+            pairs = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
+            return x * cos.unsqueeze(1) + pairs * sin.unsqueeze(1)
+        return turn(q), turn(k)
+
+    rope = rope_of(interleaved, 8)
+    assert rope is not _half_turn
+    gen = torch.Generator().manual_seed(1)
+    qk = torch.randn(1, 5, 2, 8, generator=gen, dtype=torch.float64)
+    cos, sin = torch.randn(2, 1, 2, 8, generator=gen, dtype=torch.float64)
+    q, k = rope(cos, sin)(qk, 3)
+    want_q, want_k = interleaved(qk[:, :3], qk[:, 3:], cos, sin)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
