@@ -97,9 +97,9 @@ class _Growing:
             if b is not None and self.length:
                 grown[:, :, :self.length] = b[:, :, :self.length]
             self.buf = b = grown
-        b[:, :, self.length:need] = x
+        b.narrow(2, self.length, x.shape[2]).copy_(x)  # (narrow: one view operator where indexing takes three)
         self.length = need
-        return b[:, :, :need]
+        return b.narrow(2, 0, need)
 
 
 class GrowingLayer(DynamicLayer):

@@ -69,11 +69,16 @@ class Int4Linear(nn.Module):
         """Bytes a product reads: 4-bit codes and bfloat16 scales and zeros."""
         return self.out_features * self.in_features * self.copies // 2 + self.scale_zero.numel() * 2
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(ACTIVATIONS)
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """The kernel's product of ``rows`` ``[T, K]`` (any float dtype): ``[T, N]`` in bfloat16, as the kernel
+        returns it (every bfloat16 value is a float32 and a float64 exactly, so a caller casts once, to what it needs)."""
+        rows = rows.to(ACTIVATIONS)
         if self.copies > 1:
             rows = rows.repeat(1, self.copies)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scale_zero)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scale_zero)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.product(x.reshape(-1, self.in_features))
         return y.float().reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -123,11 +123,14 @@ class _Lean:
             if isinstance(m, PackedLinear):
                 m.release()
 
-    def __call__(self, h: torch.Tensor, rope, mask, cache) -> torch.Tensor:
-        batch, n, _ = h.shape
+    def __call__(self, h: torch.Tensor, shape: tuple[int, int], rope, mask, cache) -> torch.Tensor:
+        """The layer on hidden states ``h`` ``[B * n, H]`` (``shape``: ``(B, n)``), float32 rows throughout. A
+        product's output stays as its kernel returns it (bfloat16 on GGUF blocks) until an operator needs another
+        dtype: the casts are exact, and a residual add promotes to float32 exactly as a cast before it would."""
+        batch, n = shape
         qk_heads = self.heads + self.kv_heads
         # [B, heads + 2 kv, n, d], float64 from here to attention: Q's heads, K's, V's
-        qkv = self.qkv(self.input_norm(h)).double().view(batch, n, qk_heads + self.kv_heads, self.head_dim)
+        qkv = self.qkv(self.input_norm(h)).to(torch.float64).view(batch, n, qk_heads + self.kv_heads, self.head_dim)
         qkv = qkv.transpose(1, 2)
         q, k = rope(qkv[:, :qk_heads], self.heads)
         v = qkv[:, qk_heads:]
@@ -135,19 +138,17 @@ class _Lean:
             k, v = cache.update(k, v, self.idx)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                            enable_gqa=self.heads != self.kv_heads)
-        h = h + self.o(a.transpose(1, 2).reshape(batch, n, -1).to(h.dtype))
-        gate, up = self.gate_up(self.post_norm(h)).split([self.width, self.width], dim=-1)
+        h = h + self.o(a.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))
+        gate, up = self.gate_up(self.post_norm(h)).float().split([self.width, self.width], dim=-1)
         return h + self.down(F.silu(gate) * up)
 
 
 def _fused(linears: list[nn.Module]):
-    """One function ``x -> [linear(x) for linear in linears]`` concatenated: the row-concatenation of their weights,
-    packed once for oneDNN, or for layers on GGUF blocks one `Int4Linear` over their stacked blocks (one
-    kernel call instead of several)."""
+    """One function, rows ``[T, K]`` -> ``[linear(rows) for linear in linears]`` concatenated: the row-concatenation
+    of their weights, packed once for oneDNN (float32 out), or for layers on GGUF blocks the product of one
+    `Int4Linear` over their stacked blocks (one kernel call instead of several; `Int4Linear.product`, bfloat16 out)."""
     if all(isinstance(m, Int4Linear) for m in linears):
-        if len(linears) == 1:
-            return linears[0]
-        return Int4Linear.fused(linears)
+        return (linears[0] if len(linears) == 1 else Int4Linear.fused(linears)).product
     with torch.no_grad():
         weight = torch.cat([m.weight.detach() for m in linears], dim=0)
         biases = [m.bias for m in linears]
@@ -238,11 +239,13 @@ class LeanLayers:
         # rotary and attention in float64 (module docstring): a row's attention is the same whatever the pass holds
         rope = self.rope(*(t.double() for t in position_embeddings))
         mask = None if mask is None else mask.double()  # [B|1, 1, n, S + n]: additive, as the scores
+        batch, n, width = h.shape
+        rows = h.reshape(batch * n, width)  # the layers work on rows: no reshape around every product
         for lean in self.layers:
             if outputs is not None:
-                outputs.append(h)
-            h = lean(h, rope, mask, cache)
-        return h
+                outputs.append(rows.view(batch, n, width))
+            rows = lean(rows, (batch, n), rope, mask, cache)
+        return rows.view(batch, n, width)
 
 
 def additive_mask(mask, n: int, past: int, dtype, device):
