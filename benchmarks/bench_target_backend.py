@@ -77,14 +77,15 @@ def load_backends(cfg, backends):
 
 
 def step_ms(decoder: SpeculativeDecoder, prompts, tokens: int, method: str, action: Action | None) -> float:
-    """Median over prompts of ms per decode step (prefill excluded), sampling at T = 1."""
+    """Median over prompts of ms per decode step, sampling at T = 1: the seconds after the prompt's prefill over the
+    target passes after it, as llama.cpp's side counts (`llama_ms`: the tokens after the first)."""
     per = []
     for i, ids in enumerate(prompts):
         if action is None:
             res = decoder.generate(ids, tokens, AUTOREGRESSIVE, sampling=Sampling(1.0), seed=i)
         else:
             res = decoder.generate(ids, tokens, method, action, Sampling(1.0), seed=i)
-        per.append(1e3 * res.stats.time_total / res.stats.steps)
+        per.append(1e3 * (res.stats.time_total - res.stats.time_prefill) / res.stats.steps)
     return statistics.median(per)
 
 
