@@ -2,7 +2,8 @@
 
 Terms:
 - a *run*: one policy decoding one prompt with one seed; it yields ``tokens`` (new tokens), ``seconds``
-  (wall time, prefill included), ``emitted`` (tokens the steps produced) and ``steps`` (target passes).
+  (wall time, prefill included), ``decode_seconds`` (the steps after the prompt's prefill: what the offline path
+  estimator models), ``emitted`` (tokens the steps produced) and ``steps`` (target passes).
 - a *unit*: a (prompt, seed) pair; every policy decodes every unit, so two policies are compared on the
   same units (*paired*): per-prompt difficulty and most of the machine's drift cancel in their ratio.
 - an aggregate *rate* over units: ``sum num / sum den`` (tokens/s = sum tokens / sum seconds; block
@@ -84,14 +85,15 @@ def paired(runs: pd.DataFrame, a: str, b: str, keys=("prompt_id", "seed")) -> pd
 
 
 def policy_table(runs: pd.DataFrame, references: dict[str, str], boot: Bootstrap = Bootstrap()) -> dict[str, dict]:
-    """Per policy: tokens/s and block efficiency with intervals, and the paired ratio of tokens/s (and of block
-    efficiency) to each reference policy (``references``: label -> policy name; absent ones are skipped).
+    """Per policy: tokens/s (wall time, and ``decode_``: after the prefill) and block efficiency with intervals, and
+    the paired ratio of each to each reference policy (``references``: label -> policy name; absent ones are skipped).
 
-    ``runs``: one row per run with columns policy, prompt_id, seed, tokens, seconds, emitted, steps."""
+    ``runs``: one row per run with columns policy, prompt_id, seed, tokens, seconds, decode_seconds, emitted, steps."""
     out: dict[str, dict] = {}
     for policy, rows in runs.groupby("policy", sort=False):
         entry = {"units": int(len(rows)), "prompts": int(rows["prompt_id"].nunique()),
                  "tokens_per_second": rate_ci(rows["tokens"], rows["seconds"], rows["prompt_id"], boot),
+                 "decode_tokens_per_second": rate_ci(rows["tokens"], rows["decode_seconds"], rows["prompt_id"], boot),
                  "block_efficiency": rate_ci(rows["emitted"], rows["steps"], rows["prompt_id"], boot)}
         for label, ref in references.items():
             if ref not in set(runs["policy"]):
@@ -101,6 +103,8 @@ def policy_table(runs: pd.DataFrame, references: dict[str, str], boot: Bootstrap
                 continue
             entry[f"tps_vs_{label}"] = ratio_ci((j["tokens_a"], j["seconds_a"]), (j["tokens_b"], j["seconds_b"]),
                                                 j["prompt_id"], boot)
+            entry[f"decode_tps_vs_{label}"] = ratio_ci((j["tokens_a"], j["decode_seconds_a"]),
+                                                       (j["tokens_b"], j["decode_seconds_b"]), j["prompt_id"], boot)
             entry[f"block_efficiency_vs_{label}"] = ratio_ci((j["emitted_a"], j["steps_a"]),
                                                              (j["emitted_b"], j["steps_b"]), j["prompt_id"], boot)
         out[str(policy)] = entry
@@ -153,13 +157,14 @@ def selector_ratios(table: dict, selector: str | None, lookup_then: str | None =
 
 def offline_vs_online(table: dict) -> dict[str, dict]:
     """Per policy of ``table`` with an offline estimate (``offline.vs_autoregressive``: path TPS on TEST labels,
-    `decoding.throughput`): that estimate next to the online paired ratio to autoregressive and its interval, and
-    whether the interval holds it (``inside``). Policies without labels (adaptive and threshold chains, lookup) have
-    no offline estimate and are left out."""
+    `decoding.throughput`): that estimate next to the online paired ratio to autoregressive of the decode after the
+    prefill (``decode_tps_vs_autoregressive``: the labels and prices hold steps only; the prefill, the same for every
+    policy, would pull a wall-time ratio towards 1) and its interval, and whether the interval holds it (``inside``).
+    Policies without labels (adaptive and threshold chains, lookup) have no offline estimate and are left out."""
     out = {}
     for name, e in table.items():
         off = (e.get("offline") or {}).get("vs_autoregressive")
-        on = e.get("tps_vs_autoregressive") or {}
+        on = e.get("decode_tps_vs_autoregressive") or {}
         if off is None or on.get("value") is None:
             continue
         lo, hi = on.get("low"), on.get("high")

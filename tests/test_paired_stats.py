@@ -19,6 +19,7 @@ def _runs(speed: dict[str, float], prompts: int = 6, seeds: int = 2, jitter: flo
                 tokens = 40
                 seconds = tokens / v * (p + 1) * (1 + jitter * rng.normal())
                 rows.append({"policy": policy, "prompt_id": f"p{p}", "seed": s, "tokens": tokens, "seconds": seconds,
+                             "decode_seconds": seconds,
                              "emitted": 2 * tokens if policy != "ar" else tokens, "steps": tokens,
                              "temperature": 0.6 if p % 2 else 1.0})
     return pd.DataFrame(rows)
@@ -75,3 +76,23 @@ def test_gain_by_temperature_groups_the_units():
     g = gain_by(runs, "temperature", ["fast", "ar"], "ar", Bootstrap(n_boot=100))
     assert set(g) == {"0.6", "1.0"} and "ar" not in g["0.6"]
     assert g["0.6"]["fast"]["value"] == pytest.approx(2.0) and g["1.0"]["fast"]["value"] == pytest.approx(1.0)
+
+
+def test_the_decode_ratio_leaves_out_a_prefill_that_every_policy_pays():
+    """A policy twice as fast per step reads 2x after the prefill; with a prefill of a quarter of AR's wall time,
+    the same on both sides, its wall-time ratio is only 1.6x. The offline table compares with the former."""
+    from evaluation.paired_stats import offline_vs_online
+
+    runs = _runs({"ar": 10.0, "fast": 20.0})
+    prefill = runs["seconds"].where(runs["policy"] == "ar").groupby(runs["prompt_id"]).transform("max") / 3
+    runs["decode_seconds"] = runs["seconds"]
+    runs["seconds"] = runs["seconds"] + prefill
+    table = policy_table(runs, {"autoregressive": "ar"}, Bootstrap(n_boot=200))
+    fast = table["fast"]
+    assert fast["decode_tps_vs_autoregressive"]["value"] == pytest.approx(2.0)
+    assert fast["tps_vs_autoregressive"]["value"] == pytest.approx((1 + 1 / 3) / (0.5 + 1 / 3))
+    fast["offline"] = {"vs_autoregressive": 1.95}
+    row = offline_vs_online({"fast": fast})["fast"]
+    assert row["online"] == pytest.approx(2.0) and not row["inside"]  # a zero-width interval at 2.0
+    fast["offline"] = {"vs_autoregressive": 2.0}
+    assert offline_vs_online({"fast": fast})["fast"]["inside"]
