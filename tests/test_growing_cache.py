@@ -41,6 +41,20 @@ def test_crop_by_assignment_shortens_in_place_and_later_appends_overwrite():
     assert torch.equal(grown.update(k, v, 0)[0], plain.update(k, v, 0)[0])
 
 
+def test_keep_first_reads_like_a_cropped_dynamic_layer_and_keeps_the_buffer():
+    for length in (10, 79, 0, 500):  # a cut, all of it, nothing, more than it holds
+        grown, plain = both()
+        buffer = grown.layers[0]._k.buf
+        grown.layers[0].keep_first(length)
+        ref = plain.layers[0]
+        ref.keys, ref.values = ref.keys[:, :, :length], ref.values[:, :, :length]
+        assert grown.layers[0]._k.buf is buffer, length  # no copy, no new view assigned
+        assert grown.get_seq_length() == plain.get_seq_length() == min(length, 79), length
+        assert torch.equal(grown.layers[0].keys, ref.keys) and torch.equal(grown.layers[0].values, ref.values)
+        k, v = chunks(seed=2, sizes=(3,))[0]
+        assert torch.equal(grown.update(k, v, 0)[1], plain.update(k, v, 0)[1]), length  # appends after the cut
+
+
 def test_prune_writes_through_and_a_foreign_tensor_is_copied():
     grown, plain = both()
     for cache in (grown, plain):  # KVState.keep: move slots 20, 30 to 8, 9, then crop to 10
