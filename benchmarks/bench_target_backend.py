@@ -85,7 +85,7 @@ def step_ms(decoder: SpeculativeDecoder, prompts, tokens: int, method: str, acti
             res = decoder.generate(ids, tokens, AUTOREGRESSIVE, sampling=Sampling(1.0), seed=i)
         else:
             res = decoder.generate(ids, tokens, method, action, Sampling(1.0), seed=i)
-        per.append(1e3 * (res.stats.time_total - res.stats.time_prefill) / res.stats.steps)
+        per.append(1e3 * res.stats.decode_seconds / res.stats.steps)
     return statistics.median(per)
 
 

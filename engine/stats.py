@@ -60,6 +60,11 @@ class DecodeStats:
         return self.emitted / self.steps if self.steps else float("nan")
 
     @property
+    def decode_seconds(self) -> float:
+        """Seconds after the prompt's prefill: the steps alone (what step prices and offline estimates describe)."""
+        return self.time_total - self.time_prefill
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else float("nan")
 

@@ -184,7 +184,7 @@ def _run_record(unit, seed: int, policy: BuiltPolicy, result, latency: LatencyMo
     return {"policy": policy.name, "prompt_id": unit.prompt_id, "source": unit.source,
             "temperature": float(unit.temperature), "top_p": float(unit.top_p), "seed": int(seed),
             "tokens": int(stats.new_tokens), "seconds": float(stats.time_total),
-            "decode_seconds": float(stats.time_total - stats.time_prefill), "emitted": int(stats.emitted),
+            "decode_seconds": float(stats.decode_seconds), "emitted": int(stats.emitted),
             "steps": int(stats.steps), "depth_offered": list(stats.depth_offered),
             "depth_accepted": list(stats.depth_accepted), "choices": dict(choices),
             "time_s": {"draft": stats.time_draft, "target": stats.time_target, "verify": stats.time_verify,

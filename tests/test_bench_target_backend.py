@@ -8,13 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import bench_target_backend
+from engine.stats import DecodeStats
 
 
 class _Decoder:
     """A decoder whose every decode took 1.0 s in all, 0.4 s of it the prefill, over 6 steps."""
 
     def generate(self, ids, tokens, *args, **kwargs):
-        return SimpleNamespace(stats=SimpleNamespace(time_total=1.0, time_prefill=0.4, steps=6))
+        return SimpleNamespace(stats=DecodeStats("autoregressive", steps=6, time_prefill=0.4, time_total=1.0))
 
 
 class _Llama:
