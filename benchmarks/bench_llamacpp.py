@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -54,13 +55,21 @@ class LlamaWorker:
             raise RuntimeError(f"llama.cpp worker exited {self.proc.wait()}: {err[-1] if err else 'no output'}")
         self.version = json.loads(ready)["ready"]
 
-    def decode(self, prompt: list[int], tokens: int, mode: str, seed: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "tokens": tokens, "mode": mode, "seed": seed}) + "\n")
+    def _ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"llama.cpp worker died (exit {self.proc.wait()}) during a {mode} decode")
+            raise RuntimeError(f"llama.cpp worker died (exit {self.proc.wait()}) during a {request['mode']} request")
         return json.loads(line)
+
+    def decode(self, prompt: list[int], tokens: int, mode: str, seed: int) -> dict:
+        return self._ask({"prompt": prompt, "tokens": tokens, "mode": mode, "seed": seed})
+
+    def perplexity(self, texts: list[list[int]]) -> float:
+        """llama.cpp's held-out perplexity of ``texts`` (token ids), teacher-forced as `bench_target_backend`'s."""
+        answers = [self._ask({"prompt": ids, "mode": "score"}) for ids in texts]
+        return math.exp(sum(a["nll"] for a in answers) / sum(a["count"] for a in answers))
 
     def close(self) -> None:
         if self.proc.poll() is None:

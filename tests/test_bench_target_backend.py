@@ -28,3 +28,27 @@ def test_a_decode_step_excludes_the_prefill_on_both_sides():
     theirs = bench_target_backend.llama_ms(_Llama(), [[1, 2, 3]] * 3, 7)
     assert ours == pytest.approx(100.0)  # (1.0 - 0.4) s / 6 steps; with the prefill it would read 166.7
     assert theirs == pytest.approx(ours)
+
+
+def test_llama_cpp_perplexity_scores_the_texts_as_ours_does():
+    """The llama.cpp worker's teacher-forced NLL (numpy, in its own environment) is our side's `perplexity` formula:
+    the same logits give the same number; a shifted target (each token scored at its own position) would not."""
+    import math
+
+    import torch
+
+    from benchmarks.llamacpp_worker import sequence_nll
+
+    gen = torch.Generator().manual_seed(0)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    logits = 30 * torch.randn(len(ids), 11, generator=gen, dtype=torch.float64)  # large: the max shift matters
+
+    class _Model(torch.nn.Module):
+        def forward(self, x):
+            return SimpleNamespace(logits=logits[None, : x.shape[1]])
+
+    ours = bench_target_backend.perplexity(_Model(), [ids])
+    theirs = math.exp(sequence_nll(logits.numpy(), ids) / (len(ids) - 1))
+    assert theirs == pytest.approx(ours, rel=1e-12)
+    shifted = math.exp(sequence_nll(logits[1:].numpy(), ids[1:] + [0]) / (len(ids) - 1))
+    assert shifted != pytest.approx(ours, rel=1e-3)
