@@ -3,7 +3,8 @@
 One run, interleaved (each repetition times every backend in turn, so a phase of the machine hits all alike):
 
 1. ``steps``: ms per decode step of our engine for each backend (``dense`` float32 prepacked weights; ``int4`` the
-   GGUF file's own blocks through torch's 4-bit kernel, bfloat16 activations) and each step class:
+   GGUF file's own blocks through torch's 4-bit kernel, bfloat16 activations; ``int4_compiled`` the same with the
+   decoder stack as one compiled graph, ``model.compile``) and each step class:
    plain (autoregressive), the static tree 2,0,1 and the action space's largest tree, with the configured
    self-draft on that same target (its shared layers compute on the same backend);
 2. ``bytes``: weight bytes the linear layers read per plain step, and the implied GB/s;
@@ -11,7 +12,8 @@ One run, interleaved (each repetition times every backend in turn, so a phase of
    through `benchmarks.bench_llamacpp`'s worker in its benchmark-only environment (``make llamacpp``); skipped with
    one message where there is none. The project does not depend on it;
 4. ``perplexity``: held-out perplexity (HumanEval prompts the selector never trains on are not needed: the
-   text is scored teacher-forced) of each backend next to the dense float32 reference.
+   text is scored teacher-forced) of each backend next to the dense float32 reference, and llama.cpp's on the same
+   token ids (its arithmetic: activations rounded to 8 bits per block of 32 before each product).
 
 ``--baseline DIR`` (a checkout of an earlier commit, ``git worktree add /tmp/before <commit>``) times the step
 classes only: every repetition runs them once in a fresh process on the current code and once on DIR's
@@ -42,7 +44,7 @@ from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
 
 RESULTS = Path(__file__).parent / "results" / "target_backend.json"
 AB_RESULTS = RESULTS.with_name("target_backend_ab.json")
-BACKENDS = ("dense", "int4")
+BACKENDS = ("dense", "int4", "int4_compiled")  # int4_compiled: model.compile (models/compiled_stack.py)
 
 
 def load_backends(cfg, backends):
@@ -63,7 +65,8 @@ def load_backends(cfg, backends):
     tok = load_tokenizer(cfg.model.target, cfg.model.cache_dir)
     out = {}
     for backend in backends:
-        target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, Placement(backend=backend))
+        placement = Placement(backend="int4", compile=True) if backend == "int4_compiled" else Placement(backend=backend)
+        target = load_model(cfg.model.target, device, dtype, cfg.model.cache_dir, placement)
         try:
             draft = load_draft(cfg.model.draft, target, tok, cfg.model.target, dtype, cfg.model.cache_dir)
         except Exception as e:  # the artifact is built by stage train_draft
@@ -73,7 +76,16 @@ def load_backends(cfg, backends):
             draft = prepare_for_inference(SelfDraft(target, SelfDraftConfig(
                 layers=td.layers, adapter_width=td.adapter_width, vocab_subset_size=td.vocab_subset_size)).eval())
         out[backend] = (target, draft.eval())
+        warm_up(target, draft.eval(), tok)
     return tok, out
+
+
+def warm_up(target, draft, tok) -> None:
+    """One short plain and one drafted decode, untimed: a compiled stack traces its graphs here, not in a timing."""
+    decoder = SpeculativeDecoder(target, draft)
+    ids = tok("def add(a, b):")["input_ids"]
+    decoder.generate(ids, 3, AUTOREGRESSIVE, sampling=Sampling(1.0), seed=0)
+    decoder.generate(ids, 3, "specinfer", Action(2, 0, 1), Sampling(1.0), seed=0)
 
 
 def step_ms(decoder: SpeculativeDecoder, prompts, tokens: int, method: str, action: Action | None) -> float:
@@ -230,10 +242,11 @@ def main() -> None:
         result["speedup_vs_dense"] = {b: steps["dense"]["plain"] / s["plain"] for b, s in steps.items()}
     if llama_runs:
         result["ours_vs_llama_cpp"] = {b: statistics.median(llama_runs) / s["plain"] for b, s in steps.items()}
-    if llama is not None:
-        llama.close()
     held_out = [tok(t)["input_ids"][:256] for t in texts[:24 if not args.quick else 6]]
     result["perplexity"] = {b: perplexity(t, held_out) for b, (t, _) in models.items()}
+    if llama is not None:  # llama.cpp's own arithmetic (8-bit activations per block of 32) on the same texts
+        result["perplexity"]["llama_cpp"] = llama.perplexity(held_out)
+        llama.close()
     result["perplexity_texts"] = f"HumanEval prompts 0..{len(held_out) - 1}, first 256 tokens each, teacher-forced"
     write_json_atomic(RESULTS, result)
     print(json.dumps({k: result[k] for k in ("steps_ms", "autoregressive_tokens_per_second", "llama_cpp",

@@ -86,20 +86,28 @@ class _Growing:
             self.buf, self.length = None, 0
             self.append(value)
 
-    def append(self, x: torch.Tensor) -> torch.Tensor:
-        """Add ``x`` ``[B, H, n, d]`` after the slots in use; returns the view of all of them."""
-        need = self.length + x.shape[2]
+    def reserve(self, like: torch.Tensor, n: int, capacity: int = 0) -> torch.Tensor:
+        """The buffer, with room for ``n`` slots after those in use, for slots shaped and typed as ``like``
+        ``[B, H, *, d]`` (grown, the used slots copied over, when it has no room or another form). ``capacity``:
+        the size of a new buffer, exactly (0: twice the slots needed, at least 64)."""
+        need = self.length + n
         b = self.buf
-        if (b is None or need > b.shape[2] or b.shape[:2] != x.shape[:2] or b.shape[3] != x.shape[3]
-                or b.dtype != x.dtype or (b.is_inference() and not torch.is_inference_mode_enabled())):
+        if (b is None or need > b.shape[2] or (capacity and b.shape[2] != capacity) or b.shape[:2] != like.shape[:2]
+                or b.shape[3] != like.shape[3] or b.dtype != like.dtype
+                or (b.is_inference() and not torch.is_inference_mode_enabled())):
             # (a buffer made under inference_mode cannot be written outside it: a fresh one then)
-            grown = x.new_empty((*x.shape[:2], max(2 * need, 64), x.shape[3]))
+            grown = like.new_empty((*like.shape[:2], capacity or max(2 * need, 64), like.shape[3]))
             if b is not None and self.length:
                 grown[:, :, :self.length] = b[:, :, :self.length]
             self.buf = b = grown
+        return b
+
+    def append(self, x: torch.Tensor) -> torch.Tensor:
+        """Add ``x`` ``[B, H, n, d]`` after the slots in use; returns the view of all of them."""
+        b = self.reserve(x, x.shape[2])
         b.narrow(2, self.length, x.shape[2]).copy_(x)  # (narrow: one view operator where indexing takes three)
-        self.length = need
-        return b.narrow(2, 0, need)
+        self.length += x.shape[2]
+        return b.narrow(2, 0, self.length)
 
 
 class GrowingLayer(DynamicLayer):
@@ -130,6 +138,18 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         return self._k.append(key_states), self._v.append(value_states)
+
+    def reserve(self, like: torch.Tensor, n: int, capacity: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers with room for ``n`` more slots of ``like``'s form (`_Growing.reserve`), for a
+        caller that writes them itself (`models.compiled_stack`) and then calls `advance`."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        return self._k.reserve(like, n, capacity), self._v.reserve(like, n, capacity)
+
+    def advance(self, n: int) -> None:
+        """``n`` more slots in use, written after the old ones into the buffers `reserve` returned."""
+        self._k.length += n
+        self._v.length += n
 
     def keep_first(self, length: int) -> None:
         """Keep the first ``length`` slots, `KVState.crop`'s cut: the buffers stay, only their used length shrinks

@@ -111,6 +111,7 @@ class _Lean:
         self.heads = attn.q_proj.out_features // self.head_dim
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.scale = attn.scaling
+        self.gqa = self.heads != self.kv_heads  # (a bool, so a compiled graph does not trace it as a symbol)
         self.width = mlp.gate_proj.out_features
         self.rotary = sys.modules[type(layer).__module__].apply_rotary_pos_emb
         self.sources = _linears(layer)  # the modules whose weights the fused copies are made from
@@ -141,7 +142,7 @@ class _Lean:
         if cache is not None:
             k, v = cache.update(k, v, self.idx)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
-                                           enable_gqa=self.heads != self.kv_heads)
+                                           enable_gqa=self.gqa)
         h = h + self.o(a.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))
         gate, up = self.gate_up(self.post_norm(h)).float().split([self.width, self.width], dim=-1)
         return h + self.down(F.silu(gate) * up)
@@ -294,9 +295,10 @@ def _hooked(layers: nn.ModuleList) -> bool:
     return any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)
 
 
-def use_lean_forward(model: nn.Module) -> bool:
+def use_lean_forward(model: nn.Module, compile: bool = False) -> bool:
     """Route ``model.model``'s forward through `LeanLayers` (module docstring) where it applies, in place; returns
-    whether it was installed (a Llama-family decoder stack whose every layer `supports`)."""
+    whether it was installed (a Llama-family decoder stack whose every layer `supports`). ``compile``: run a stack
+    on GGUF blocks as one compiled graph (`models.compiled_stack`) where a C++ compiler is found."""
     inner = getattr(model, "model", None)
     if inner is None or not all(hasattr(inner, a) for a in _DECODER_PARTS) or len(inner.layers) == 0:
         return False
@@ -306,6 +308,12 @@ def use_lean_forward(model: nn.Module) -> bool:
     if not lean.ok:
         return False
     final_norm = fast_norm(inner.norm)
+    stack = lean
+    if compile:
+        from models import compiled_stack
+
+        if compiled_stack.applies(lean) and compiled_stack.compiler_available():
+            stack = compiled_stack.CompiledStack(lean)
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     cache_field = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -332,10 +340,11 @@ def use_lean_forward(model: nn.Module) -> bool:
             cache = DynamicCache()
         _, pos_emb, mask = step_inputs(h, inner.rotary_emb, attention_mask, position_ids, cache)
         hidden = [] if output_hidden_states else None
-        h = final_norm(lean(h, pos_emb, mask, cache if use_cache else None, hidden))
+        h = final_norm(stack(h, pos_emb, mask, cache if use_cache else None, hidden))
         return BaseModelOutputWithPast(last_hidden_state=h, hidden_states=None if hidden is None else (*hidden, h),
                                        **{cache_field: cache if use_cache else None})
 
     inner.forward = forward
     inner._lean_installed = True
+    inner._lean_compiled = stack is not lean
     return True

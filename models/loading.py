@@ -229,7 +229,7 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     from models.lean_layers import use_lean_forward
 
     model = prepare_for_inference(model)
-    use_lean_forward(model)  # the decoder stack without HF's per-layer plumbing, where it applies (CPU float32)
+    use_lean_forward(model, placement.compile)  # the decoder stack without HF's plumbing, where it applies
     return model
 
 

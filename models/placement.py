@@ -29,6 +29,7 @@ class Placement:
 
     device_map: str | None = None
     backend: str = "dense"
+    compile: bool = False  # a decoder stack on GGUF blocks as one compiled graph (models.compiled_stack)
 
     def check(self) -> None:
         check_device_map(self.device_map)
