@@ -76,7 +76,7 @@ def load_backends(cfg, backends):
             draft = prepare_for_inference(SelfDraft(target, SelfDraftConfig(
                 layers=td.layers, adapter_width=td.adapter_width, vocab_subset_size=td.vocab_subset_size)).eval())
         out[backend] = (target, draft.eval())
-        warm_up(target, draft.eval(), tok)
+        warm_up(*out[backend], tok)
     return tok, out
 
 

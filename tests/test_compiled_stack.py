@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
-from engine_helpers import noisy_draft
+from engine_helpers import chain_together_and_apart, noisy_draft
 from tiny_models import tiny_lm
 
 from decoding.actions import Action
 from decoding.sampling import Sampling
-from engine.cache import KVState
 from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
-from engine.tree_pass import forward_nodes, prefill
 from models import compiled_stack
 from models.int4 import Int4Linear, quantize_q8_0
 from models.lean_layers import use_lean_forward
@@ -60,17 +57,8 @@ PROMPT = [5, 17, 3, 40, 22, 9, 31, 12, 7, 50, 44, 1, 28, 36, 19, 60, 11, 2, 33, 
 
 @torch.inference_mode()
 def test_a_tree_pass_equals_one_token_steps_bit_for_bit(pair):
-    target = pair[0]
-    context, chain = PROMPT[:14], PROMPT[14:]
-    together_kv = KVState(target)
-    prefill(together_kv, context)
-    allowed = np.concatenate([np.ones((6, 14), bool), np.tril(np.ones((6, 6), bool))], axis=1)
-    together, _ = forward_nodes(together_kv, chain, list(range(14, 20)), allowed)
-    step_kv = KVState(target)
-    prefill(step_kv, context)
-    rows = [forward_nodes(step_kv, [t], [14 + i], np.ones((1, len(step_kv) + 1), bool))[0][0]
-            for i, t in enumerate(chain)]
-    assert torch.equal(together, torch.stack(rows)), (together - torch.stack(rows)).abs().max()
+    together, apart = chain_together_and_apart(pair[0], PROMPT[:14], PROMPT[14:])
+    assert torch.equal(together, apart), (together - apart).abs().max()
 
 
 def test_the_compiled_stack_is_the_eager_one_up_to_rounding(pair):

@@ -5,14 +5,12 @@ as one-token steps (float64 attention)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from engine_helpers import chain_together_and_apart
 from tiny_models import TINY_VOCAB, tiny_lm
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from engine.cache import KVState
-from engine.tree_pass import forward_nodes, prefill
 from models.fast_path import can_pack, prepare_for_inference
 from models.lean_layers import LeanLayers, supports, use_lean_forward
 from models.self_draft import SelfDraft, SelfDraftConfig
@@ -170,14 +168,7 @@ def test_a_tree_pass_scores_its_rows_exactly_as_one_token_steps(one_thread):
     ids = torch.randint(0, TINY_VOCAB, (12,)).tolist()
     context, chain = ids[:7], ids[7:]
     with torch.inference_mode():
-        kv = KVState(lean)
-        prefill(kv, context)
-        allowed = np.concatenate([np.ones((5, 7), bool), np.tril(np.ones((5, 5), bool))], axis=1)
-        together, _ = forward_nodes(kv, chain, list(range(7, 12)), allowed)
-        kv = KVState(lean)
-        prefill(kv, context)
-        apart = torch.stack([forward_nodes(kv, [t], [7 + i], np.ones((1, 8 + i), bool))[0][0]
-                             for i, t in enumerate(chain)])
+        together, apart = chain_together_and_apart(lean, context, chain)
     assert torch.equal(together, apart)
 
 

@@ -13,14 +13,12 @@ variation 0.03) on an AVX2 EPYC. So the test requires the logits to be equal, bi
 import numpy as np
 import pytest
 import torch
-from engine_helpers import noisy_draft
+from engine_helpers import chain_together_and_apart, noisy_draft
 from lossless_harness import PrefixOracle, chi_square_test, expected_law, simulate
 
 from decoding.actions import Action
 from decoding.sampling import Sampling
-from engine.cache import KVState
 from engine.decoder import AUTOREGRESSIVE, SpeculativeDecoder
-from engine.tree_pass import forward_nodes, prefill
 from models.int4 import Int4Linear
 from models.loading import ModelLoadError, Placement, embedded_gguf_path, load_model
 from models.quantized import QuantizedBackendError, backend_of, use_gguf_blocks
@@ -76,20 +74,7 @@ def test_close_to_the_dense_target(smollm2_pair, int4_target, prompt_ids):
 @torch.inference_mode()
 def test_tree_pass_and_plain_steps_agree(int4_target, prompt_ids):
     """Batch invariance: 12 chained tokens scored in one pass, then one at a time."""
-    chain = prompt_ids[-12:]
-    context = prompt_ids[:-12]
-    one = KVState(int4_target)
-    prefill(one, context)
-    allowed = np.tril(np.ones((12, 12), bool))
-    together, _ = forward_nodes(one, chain, list(range(len(context), len(prompt_ids))),
-                                np.concatenate([np.ones((12, len(context)), bool), allowed], axis=1))
-    step = KVState(int4_target)
-    prefill(step, context)
-    rows = []
-    for i, token in enumerate(chain):
-        logits, _ = forward_nodes(step, [token], [len(context) + i], np.ones((1, len(step) + 1), bool))
-        rows.append(logits[0])
-    apart = torch.stack(rows)
+    together, apart = chain_together_and_apart(int4_target, prompt_ids[:-12], prompt_ids[-12:])
     assert torch.equal(together, apart), (together - apart).abs().max()
 
 
