@@ -20,8 +20,8 @@ them fuse into a few C++ loops: a plain step takes ~0.75x the time (docs/engine.
   differences up to ~0.25 on the embedded target (total variation ~0.03), as between two float orders of the eager
   stack. Held-out perplexity is the eager stack's (7.9236 vs 7.9240). A row's logits do not depend on the other rows
   of its pass (tests/test_compiled_stack.py), which is what the engine needs. So every stage must compute the target
-  the same way: ``model.compile`` is one setting for all of them (off by default until a full ``dvc repro`` has run
-  on it).
+  the same way: ``model.compile`` is one setting for all of them (on by default in params; `Placement`'s own
+  default, the library's, stays eager).
 - Used where `applies`: every layer on GGUF blocks (`models.int4.Int4Linear`), CPU float32, batch 1 (a batch of
   several prompts runs the eager stack), and a C++ compiler that inductor can call.
 """

@@ -34,10 +34,10 @@ class ModelConfig:
     # Q8_0 head, through torch's 4-bit CPU kernel, bfloat16 activations) | auto (int4 for a GGUF target on CPU in
     # float32, else dense); docs/engine.md measures both
     backend: str = "auto"
-    # int4 on CPU: the decoder stack as one torch.compile graph (inductor; a C++ compiler needed), ~0.75x the time
-    # of an eager plain step; tracing costs a process ~30 s (inductor's cache warm) to ~90 s. Another function than
-    # the eager stack bit for bit, so every stage must run the same setting (models/compiled_stack.py)
-    compile: bool = False
+    # int4 on CPU: the decoder stack as one torch.compile graph (inductor; a C++ compiler needed, else eager), ~0.78x
+    # the time of an eager plain step; tracing costs a process ~30 s (inductor's cache warm) to ~90 s. Another
+    # function than the eager stack bit for bit, so every stage runs the same setting (models/compiled_stack.py)
+    compile: bool = True
     cache_dir: str = ".cache/branchpoint"  # dequantized GGUF models and other caches (git-ignored)
     threads: int = 2  # torch CPU threads of every stage that runs the models (decode, profile, collect, evaluate)
 
