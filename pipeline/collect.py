@@ -122,7 +122,7 @@ def _header(cfg, pair, space) -> dict:
     config = {
         "format_version": FORMAT_VERSION,  # the row schema: a dataset of another version is never appended to
         "model": {"target": cfg.model.target, "draft": cfg.model.draft, "draft_digest": draft_id,
-                  "dtype": cfg.model.dtype, "backend": cfg.model.backend},
+                  "dtype": cfg.model.dtype, "backend": cfg.model.backend, "compile": cfg.model.compile},
         "trajectories": trajectories_digest(cfg.trajectories.out),
         "code": code_digest(),
         "actions": {"K": cfg.actions.K, "L1": cfg.actions.L1, "L2": cfg.actions.L2},

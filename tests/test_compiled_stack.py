@@ -83,7 +83,17 @@ def test_greedy_identity_on_the_compiled_target(pair, method, action):
     assert hf[0, len(PROMPT):].tolist() == ar.tokens
 
 
-def test_compiling_is_off_by_default_and_only_for_blocks():
-    assert Placement().compile is False
+def test_the_pipeline_compiles_the_library_does_not_and_only_blocks_compile():
+    from pipeline.config import load_config
+
+    assert load_config(None).model.placement().compile is True  # every stage: one function (params.yaml)
+    assert Placement().compile is False  # a library caller's default: the eager stack
     dense = tiny_lm(2, 0, hidden=64)
     assert use_lean_forward(dense, compile=True) is not None and not getattr(dense.model, "_lean_compiled", False)
+
+
+def test_without_a_compiler_the_stack_runs_eager_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(compiled_stack, "compiler_available", lambda: False)
+    model = blocks_lm()
+    assert use_lean_forward(model, compile=True) and not model.model._lean_compiled
+    assert "no C++ compiler" in capsys.readouterr().err
