@@ -3,7 +3,7 @@
 An eager one-token forward of the embedded target makes ~37 operator calls a layer around its four 4-bit products
 (norms, casts, rotary, cache writes, residual adds, SiLU): about as much time as the products on 2 cores
 (docs/engine.md). Compiled as one graph, the products stay calls of the same 4-bit kernel and the operators between
-them fuse into a few C++ loops: a plain step takes ~0.75x the time (docs/engine.md, stop 64).
+them fuse into a few C++ loops: a plain step takes ~0.78x the time (docs/engine.md, stop 64, paired).
 
 - The graph runs `models.lean_layers.LeanLayers`' own layer functions over the engine's growing KV buffers
   (`engine.cache.GrowingLayer`): `GrowingLayer.reserve` makes room before the call, the graph writes the new slots
@@ -18,10 +18,10 @@ them fuse into a few C++ loops: a plain step takes ~0.75x the time (docs/engine.
 - **Another function than the eager stack, bit for bit; batch invariant like it.** Fused loops round in another
   order, and the int4 backend rounds every product's input to bfloat16, which turns last-bit differences into logit
   differences up to ~0.25 on the embedded target (total variation ~0.03), as between two float orders of the eager
-  stack. Held-out perplexity is the eager stack's (7.9236 vs 7.9240). A row's logits do not depend on the other rows
-  of its pass (tests/test_compiled_stack.py), which is what the engine needs. So every stage must compute the target
-  the same way: ``model.compile`` is one setting for all of them (on by default in params; `Placement`'s own
-  default, the library's, stays eager).
+  stack. Held-out perplexity 7.9281 against the eager stack's 7.9240 (`benchmarks.bench_target_backend`). A row's
+  logits do not depend on the other rows of its pass (tests/test_compiled_stack.py), which is what the engine needs.
+  So every stage must compute the target the same way: ``model.compile`` is one setting for all of them (on by
+  default in params; `Placement`'s own default, the library's, stays eager).
 - Used where `applies`: every layer on GGUF blocks (`models.int4.Int4Linear`), CPU float32, batch 1 (a batch of
   several prompts runs the eager stack), and a C++ compiler that inductor can call.
 """

@@ -316,8 +316,6 @@ def use_lean_forward(model: nn.Module, compile: bool = False) -> bool:
             if compiled_stack.compiler_available():
                 stack = compiled_stack.CompiledStack(lean)
             else:  # a different function than the compiled one: say so (every stage should compute the same)
-                import sys
-
                 print("branchpoint: model.compile is on but no C++ compiler (g++, c++, clang++) is on the PATH: the "
                       "target's decoder stack runs eager", file=sys.stderr)
     from transformers.modeling_outputs import BaseModelOutputWithPast
